@@ -1,0 +1,481 @@
+//! One local control plane: etcd, kube-apiserver and kube-controller-manager on free loopback
+//! ports, with everything (PKI, kubeconfigs, audit log, component logs, etcd data) in one
+//! folder.
+//!
+//! Invariants:
+//! - [`Cluster::start`] returns only when `/readyz` is ok, the `default` namespace exists and
+//!   the controller-manager has created the `default` ServiceAccount (so its controllers run);
+//!   on any failure it stops what it started and reports the failing component's log tail.
+//! - The folder holds `cluster.json` while the cluster runs; a second start on that folder is
+//!   refused as long as any process named there is alive.
+//! - [`Cluster::stop`] ends every process it started and removes the folder.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::PostParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::binaries::{self, Binaries};
+use crate::pki::Pki;
+use crate::process::{self, Lifetime, Process};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Folder for everything the cluster writes; created, and removed by [`Cluster::stop`].
+    pub dir: PathBuf,
+    /// OTLP gRPC endpoint (`host:port`) for the apiserver's traces, when tracing is wanted.
+    pub otlp_endpoint: Option<String>,
+    /// Whether the processes outlive this one.
+    pub lifetime: Lifetime,
+    /// CRDs to establish before the controller-manager starts, so its garbage collector
+    /// knows their kinds at once instead of after its 30 s discovery refresh.
+    pub crds: Vec<CustomResourceDefinition>,
+}
+
+/// The record in `DIR/cluster.json` that `cluster down` and refusals read.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    server: String,
+    processes: Vec<(String, u32)>,
+}
+
+/// A running local control plane.
+#[derive(Debug)]
+pub struct Cluster {
+    pub dir: PathBuf,
+    /// `https://127.0.0.1:PORT`
+    pub server: String,
+    /// Admin (group `system:masters`).
+    pub kubeconfig: PathBuf,
+    /// A user with no group and no RBAC grants.
+    pub user_kubeconfig: PathBuf,
+    pub audit_log: PathBuf,
+    pki: Pki,
+    processes: Vec<Process>,
+}
+
+const RECORD: &str = "cluster.json";
+const CONTROLLERS: &str = "garbage-collector-controller,deployment-controller,\
+replicaset-controller,namespace-controller,serviceaccount-controller";
+
+impl Cluster {
+    /// Starts etcd, kube-apiserver and kube-controller-manager; see the module invariants.
+    pub async fn start(config: ClusterConfig) -> Result<Cluster> {
+        refuse_if_in_use(&config.dir)?;
+        let binaries = binaries::ensure()?;
+        std::fs::create_dir_all(&config.dir)
+            .with_context(|| format!("creating {}", config.dir.display()))?;
+        let dir = config.dir.canonicalize()?;
+        let pki = Pki::create(&dir.join("pki"))?;
+        let apiserver_port = free_port()?;
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let mut cluster = Cluster {
+            kubeconfig: dir.join("kubeconfig"),
+            user_kubeconfig: dir.join("user.kubeconfig"),
+            audit_log: dir.join("audit.log"),
+            dir,
+            server,
+            pki,
+            processes: Vec::new(),
+        };
+        match cluster.boot(&config, &binaries, apiserver_port).await {
+            Ok(()) => Ok(cluster),
+            Err(err) => {
+                cluster.stop();
+                Err(err)
+            }
+        }
+    }
+
+    async fn boot(&mut self, config: &ClusterConfig, bin: &Binaries, port: u16) -> Result<()> {
+        let admin = self.pki.client("admin", "admin", Some("system:masters"))?;
+        write_kubeconfig(
+            &self.kubeconfig,
+            &self.server,
+            &self.pki.ca_cert,
+            "admin",
+            &admin,
+        )?;
+        let user = self.pki.client("user", "myresource-user", None)?;
+        write_kubeconfig(
+            &self.user_kubeconfig,
+            &self.server,
+            &self.pki.ca_cert,
+            "myresource-user",
+            &user,
+        )?;
+
+        let etcd_url = self.start_etcd(bin, config.lifetime)?;
+        self.start_apiserver(bin, config, port, &etcd_url)?;
+        let client = self.wait_for_apiserver().await?;
+        for crd in &config.crds {
+            establish_crd(&client, crd).await?;
+        }
+        self.start_controller_manager(bin, config.lifetime)?;
+        self.wait_until(
+            "the default ServiceAccount (serviceaccount controller)",
+            || {
+                let api: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+                async move { Ok(api.get_opt("default").await?.is_some()) }
+            },
+        )
+        .await
+    }
+
+    fn start_etcd(&mut self, bin: &Binaries, lifetime: Lifetime) -> Result<String> {
+        let client_url = format!("http://127.0.0.1:{}", free_port()?);
+        let peer_url = format!("http://127.0.0.1:{}", free_port()?);
+        let mut cmd = Command::new(&bin.etcd);
+        cmd.arg("--name=etcd0")
+            .arg(format!(
+                "--data-dir={}",
+                self.dir.join("etcd-data").display()
+            ))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=etcd0={peer_url}"))
+            .arg("--unsafe-no-fsync=true")
+            .arg("--log-level=warn");
+        self.spawn("etcd", cmd, lifetime)?;
+        let addr: SocketAddr = client_url.trim_start_matches("http://").parse()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !etcd_healthy(addr) {
+            self.processes.last_mut().expect("etcd").ensure_running()?;
+            if Instant::now() > deadline {
+                bail!("etcd not healthy after 60 s:\n{}", self.tail("etcd"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(client_url)
+    }
+
+    fn start_apiserver(
+        &mut self,
+        bin: &Binaries,
+        config: &ClusterConfig,
+        port: u16,
+        etcd_url: &str,
+    ) -> Result<()> {
+        let policy = self.dir.join("audit-policy.json");
+        std::fs::write(&policy, serde_json::to_vec_pretty(&audit_policy())?)?;
+        let pki = &self.pki;
+        let mut cmd = Command::new(&bin.kube_apiserver);
+        cmd.arg(format!("--etcd-servers={etcd_url}"))
+            .arg(format!("--secure-port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--advertise-address=127.0.0.1")
+            .arg("--endpoint-reconciler-type=none")
+            .arg(format!("--cert-dir={}", self.dir.join("pki").display()))
+            .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
+            .arg(format!(
+                "--tls-private-key-file={}",
+                pki.serving_key.display()
+            ))
+            .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
+            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .arg("--allow-privileged=true")
+            .arg("--authorization-mode=RBAC")
+            .arg(format!("--service-account-issuer={}/", self.server))
+            .arg(format!(
+                "--service-account-key-file={}",
+                pki.service_account_public_key.display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                pki.service_account_key.display()
+            ))
+            // No token controller runs and nothing mounts tokens; Pods need no ServiceAccount.
+            .arg("--disable-admission-plugins=ServiceAccount")
+            .arg(format!("--audit-log-path={}", self.audit_log.display()))
+            .arg(format!("--audit-policy-file={}", policy.display()))
+            .arg("--audit-log-mode=blocking");
+        if let Some(endpoint) = &config.otlp_endpoint {
+            let tracing = self.dir.join("tracing-config.json");
+            let doc = json!({
+                "apiVersion": "apiserver.config.k8s.io/v1",
+                "kind": "TracingConfiguration",
+                "endpoint": endpoint,
+                "samplingRatePerMillion": 0,
+            });
+            std::fs::write(&tracing, serde_json::to_vec_pretty(&doc)?)?;
+            cmd.arg(format!("--tracing-config-file={}", tracing.display()));
+        }
+        self.spawn("kube-apiserver", cmd, config.lifetime)
+    }
+
+    async fn wait_for_apiserver(&mut self) -> Result<Client> {
+        let client = self.client().await?;
+        self.wait_until("kube-apiserver /readyz", || {
+            let client = client.clone();
+            async move {
+                let req = http::Request::get("/readyz").body(Vec::new())?;
+                Ok(client
+                    .request_text(req)
+                    .await
+                    .is_ok_and(|body| body == "ok"))
+            }
+        })
+        .await?;
+        self.wait_until("the default namespace", || {
+            let api: Api<Namespace> = Api::all(client.clone());
+            async move { Ok(api.get_opt("default").await?.is_some()) }
+        })
+        .await?;
+        Ok(client)
+    }
+
+    fn start_controller_manager(&mut self, bin: &Binaries, lifetime: Lifetime) -> Result<()> {
+        let mut cmd = Command::new(&bin.kube_controller_manager);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg("--leader-elect=false")
+            .arg("--secure-port=0")
+            .arg(format!("--controllers={CONTROLLERS}"))
+            .arg("--kube-api-qps=200")
+            .arg("--kube-api-burst=400");
+        self.spawn("kube-controller-manager", cmd, lifetime)
+    }
+
+    fn spawn(&mut self, name: &str, cmd: Command, lifetime: Lifetime) -> Result<()> {
+        let log = self.dir.join(format!("{name}.log"));
+        self.processes
+            .push(process::spawn(name, cmd, &log, lifetime)?);
+        let record = Record {
+            server: self.server.clone(),
+            processes: self
+                .processes
+                .iter()
+                .map(|p| (p.name.clone(), p.pid))
+                .collect(),
+        };
+        std::fs::write(self.dir.join(RECORD), serde_json::to_vec_pretty(&record)?)?;
+        Ok(())
+    }
+
+    /// Polls `check` every 100 ms for up to 120 s; fails early, with the log tail, when a
+    /// component exits.
+    async fn wait_until<F, Fut>(&mut self, what: &str, mut check: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<bool>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut last_error = None;
+        loop {
+            match check().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(err) => last_error = Some(err),
+            }
+            for p in &mut self.processes {
+                p.ensure_running()?;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self
+                    .processes
+                    .iter()
+                    .map(|p| format!("--- {} ---\n{}", p.name, p.log_tail(15)))
+                    .collect();
+                bail!(
+                    "timed out waiting for {what} (last error: {last_error:?})\n{}",
+                    logs.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn tail(&self, name: &str) -> String {
+        process::log_tail(&self.dir.join(format!("{name}.log")), 30)
+    }
+
+    /// An admin client. Create one per tokio runtime: a client's connections belong to the
+    /// runtime it was made on.
+    pub async fn client(&self) -> Result<Client> {
+        client_for(&self.kubeconfig).await
+    }
+
+    /// Writes a kubeconfig for a client-certificate user (CN `user`, O `group`).
+    pub fn kubeconfig_for(&self, user: &str, group: Option<&str>) -> Result<PathBuf> {
+        let stem = user.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+        let cert = self.pki.client(&stem, user, group)?;
+        let path = self.dir.join(format!("{stem}.kubeconfig"));
+        write_kubeconfig(&path, &self.server, &self.pki.ca_cert, user, &cert)?;
+        Ok(path)
+    }
+
+    /// The running component called `name` (`etcd`, `kube-apiserver`, `kube-controller-manager`).
+    pub fn process(&mut self, name: &str) -> Option<&mut Process> {
+        self.processes.iter_mut().find(|p| p.name == name)
+    }
+
+    /// Stops every component (controller-manager first, etcd last) and removes the folder.
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.processes.pop() {
+            p.stop(Duration::from_secs(10));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Stops the cluster recorded in `dir` by another invocation (`cargo xtask cluster down`).
+pub fn stop_recorded(dir: &Path) -> Result<()> {
+    let record = read_record(dir)?.ok_or_else(|| {
+        anyhow!(
+            "{} holds no running cluster ({RECORD} missing)",
+            dir.display()
+        )
+    })?;
+    for (name, pid) in record.processes.into_iter().rev() {
+        Process::adopt(&name, pid, dir.join(format!("{name}.log"))).stop(Duration::from_secs(10));
+    }
+    std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
+}
+
+fn read_record(dir: &Path) -> Result<Option<Record>> {
+    match std::fs::read(dir.join(RECORD)) {
+        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+            format!("{} is not a cluster record", dir.join(RECORD).display())
+        })?)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+fn refuse_if_in_use(dir: &Path) -> Result<()> {
+    let Some(record) = read_record(dir)? else {
+        return Ok(());
+    };
+    let alive: Vec<String> = record
+        .processes
+        .iter()
+        .filter(|(_, pid)| process::pid_alive(*pid))
+        .map(|(name, pid)| format!("{name} (pid {pid})"))
+        .collect();
+    if alive.is_empty() {
+        // A cluster that died without `down`: its leftovers are ours to replace.
+        std::fs::remove_dir_all(dir)?;
+        return Ok(());
+    }
+    bail!(
+        "{} is in use by a running cluster at {}: {}; stop it with `cargo xtask cluster down \
+         --dir {}` or choose another --dir",
+        dir.display(),
+        record.server,
+        alive.join(", "),
+        dir.display()
+    )
+}
+
+/// A client from a kubeconfig file.
+pub async fn client_for(kubeconfig: &Path) -> Result<Client> {
+    Ok(Client::try_from(config_for(kubeconfig).await?)?)
+}
+
+/// The client configuration of a kubeconfig file, for callers that adjust it (user agent …).
+pub async fn config_for(kubeconfig: &Path) -> Result<kube::Config> {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig)?;
+    Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+}
+
+async fn establish_crd(client: &Client, crd: &CustomResourceDefinition) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    api.create(&PostParams::default(), crd).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = api.get(&name).await?;
+        let established = got
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("CRD {name} not established after 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The audit policy: writes, lists and watches of the resources the operator touches, at
+/// Metadata level (user, user agent, verb, object, response code, timestamps).
+fn audit_policy() -> serde_json::Value {
+    json!({
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            {
+                "level": "Metadata",
+                "verbs": ["create", "update", "patch", "delete", "deletecollection", "list", "watch"],
+                "resources": [
+                    {"group": "trstringer.com", "resources": ["myresources", "myresources/status"]},
+                    {"group": "", "resources": ["configmaps", "pods", "pods/status", "events"]},
+                    {"group": "events.k8s.io", "resources": ["events"]},
+                    {"group": "coordination.k8s.io", "resources": ["leases"]}
+                ]
+            },
+            {"level": "None"}
+        ]
+    })
+}
+
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    user: &str,
+    cert: &crate::pki::ClientCert,
+) -> Result<()> {
+    // JSON is YAML: kubectl and kube-rs read it as a kubeconfig.
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": user, "user": {"client-certificate": cert.cert, "client-key": cert.key}}],
+        "contexts": [{"name": format!("{user}@local"), "context": {"cluster": "local", "user": user}}],
+        "current-context": format!("{user}@local"),
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
+    Ok(())
+}
+
+/// A free loopback port (the kernel's choice; a race with other binders is possible but
+/// shows up as a component failing to start, with its log).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+fn etcd_healthy(addr: SocketAddr) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.contains("\"health\":\"true\"")
+}

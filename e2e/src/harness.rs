@@ -1,0 +1,143 @@
+//! The per-test-binary control plane.
+//!
+//! The first test that asks starts one cluster (or, with `USE_EXISTING_CLUSTER=true`, uses
+//! the one in `KUBECONFIG`); every test gets its own namespace and its own client. The cluster
+//! is stopped and its folder removed when the process exits (an `atexit` hook, which also runs
+//! after a panicking test); if the process is killed outright, the components die with it
+//! (see [`crate::process`]).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use anyhow::{Result, anyhow};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use crate::cluster::{Cluster, ClusterConfig, client_for};
+use crate::process::Lifetime;
+
+/// What the shared cluster gives a test: where it is and what it wrote.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    pub kubeconfig: PathBuf,
+    /// `None` for an existing cluster, whose audit log we cannot read.
+    pub audit_log: Option<PathBuf>,
+    pub server: String,
+}
+
+/// One test's view: a fresh namespace and a client on the test's own runtime.
+pub struct TestEnv {
+    pub client: Client,
+    pub namespace: String,
+    pub shared: Shared,
+}
+
+static CLUSTER: Mutex<Option<Cluster>> = Mutex::new(None);
+static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+
+/// CRDs the harness establishes before the controller-manager starts (set by the test
+/// binary before its first [`setup`]; later calls have no effect).
+pub fn set_crds(crds: Vec<CustomResourceDefinition>) {
+    let _ = CRDS.set(crds);
+}
+static CRDS: OnceLock<Vec<CustomResourceDefinition>> = OnceLock::new();
+
+/// Starts (once) the shared cluster and gives the test a namespace `<prefix>-<n>`.
+pub async fn setup(prefix: &str) -> Result<TestEnv> {
+    let shared = shared()?;
+    let client = client_for(&shared.kubeconfig).await?;
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let namespace = format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(TestEnv {
+        client,
+        namespace,
+        shared,
+    })
+}
+
+/// The shared cluster, started on first use. Fails (every time) when it cannot start:
+/// there is no fallback.
+pub fn shared() -> Result<Shared> {
+    SHARED
+        .get_or_init(|| start().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!("the shared control plane could not start: {e}"))
+}
+
+fn start() -> Result<Shared> {
+    if std::env::var("USE_EXISTING_CLUSTER").is_ok_and(|v| v == "true") {
+        let kubeconfig = std::env::var_os("KUBECONFIG")
+            .map(PathBuf::from)
+            .ok_or_else(|| anyhow!("USE_EXISTING_CLUSTER=true needs KUBECONFIG"))?;
+        return Ok(Shared {
+            kubeconfig,
+            audit_log: None,
+            server: String::new(),
+        });
+    }
+    let dir = std::env::temp_dir().join(format!("myresource-e2e-{}", std::process::id()));
+    let config = ClusterConfig {
+        dir,
+        otlp_endpoint: std::env::var("E2E_APISERVER_OTLP_ENDPOINT").ok(),
+        lifetime: Lifetime::TiedToThisProcess,
+        crds: CRDS.get().cloned().unwrap_or_default(),
+    };
+    // The cluster must not belong to any one test's runtime: start it on a thread of its own.
+    let cluster = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(Cluster::start(config))
+    })
+    .join()
+    .map_err(|_| anyhow!("cluster start panicked"))??;
+    let shared = Shared {
+        kubeconfig: cluster.kubeconfig.clone(),
+        audit_log: Some(cluster.audit_log.clone()),
+        server: cluster.server.clone(),
+    };
+    *CLUSTER.lock().expect("cluster lock") = Some(cluster);
+    // SAFETY: registering a plain extern "C" function has no preconditions.
+    unsafe {
+        libc::atexit(stop_at_exit);
+    }
+    Ok(shared)
+}
+
+/// Runs `f` with the shared cluster (to restart a component, mint a kubeconfig …).
+pub fn with_cluster<T>(f: impl FnOnce(&mut Cluster) -> T) -> Result<T> {
+    let mut guard = CLUSTER
+        .lock()
+        .map_err(|_| anyhow!("cluster lock poisoned"))?;
+    let cluster = guard
+        .as_mut()
+        .ok_or_else(|| anyhow!("no local cluster (USE_EXISTING_CLUSTER=true?)"))?;
+    Ok(f(cluster))
+}
+
+extern "C" fn stop_at_exit() {
+    let cluster = match CLUSTER.lock() {
+        Ok(mut guard) => guard.take(),
+        Err(poisoned) => poisoned.into_inner().take(),
+    };
+    if let Some(mut cluster) = cluster {
+        cluster.stop();
+    }
+}

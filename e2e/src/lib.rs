@@ -1,0 +1,18 @@
+//! A real local Kubernetes control plane for tests, demos and benchmarks.
+//!
+//! - [`binaries`]: etcd, kube-apiserver and kube-controller-manager, built from pinned Go
+//!   modules on first use and cached outside the clone (or taken from `KUBEBUILDER_ASSETS`);
+//! - [`pki`]: the throwaway CA and certificates;
+//! - [`cluster`]: starting and stopping one control plane in a folder;
+//! - [`process`]: child processes that die with us, or outlive us on purpose;
+//! - [`harness`]: one shared control plane per test binary, a namespace per test;
+//! - [`audit`]: reading the audit log the tests use as ground truth;
+//! - [`wait`]: polling instead of sleeping.
+
+pub mod audit;
+pub mod binaries;
+pub mod cluster;
+pub mod harness;
+pub mod pki;
+pub mod process;
+pub mod wait;

@@ -1,0 +1,187 @@
+//! `cargo xtask …`: the project's task runner.
+//!
+//! - `cluster up|down [--dir DIR]`: a local control plane that outlives the command;
+//! - `test`: every test (unit and end-to-end against a real control plane), then a check that
+//!   no control-plane process was left behind;
+//! - `demo`: the main job end to end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use e2e::cluster::{self, Cluster, ClusterConfig};
+use e2e::process::{Lifetime, processes_under};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Tasks for myresource-operator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Start or stop a local control plane (etcd, kube-apiserver, kube-controller-manager).
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
+    /// Run every test: unit tests and end-to-end tests against a real local control plane.
+    Test {
+        /// Extra arguments for `cargo test` (for example a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        cargo_args: Vec<String>,
+    },
+    /// The demo: a local control plane that answers, end to end.
+    Demo,
+}
+
+#[derive(Subcommand)]
+enum ClusterAction {
+    /// Start a control plane whose files live in DIR; prints `export KUBECONFIG=…`.
+    Up {
+        /// Folder for kubeconfigs, PKI, logs, audit log and etcd data.
+        #[arg(long, default_value_os_t = default_cluster_dir())]
+        dir: PathBuf,
+        /// OTLP gRPC endpoint (host:port) that kube-apiserver sends its traces to.
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
+    },
+    /// Stop the control plane started in DIR and remove DIR.
+    Down {
+        #[arg(long, default_value_os_t = default_cluster_dir())]
+        dir: PathBuf,
+    },
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn default_cluster_dir() -> PathBuf {
+    workspace_root().join("target").join("cluster")
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Task::Cluster {
+            action: ClusterAction::Up { dir, otlp_endpoint },
+        } => runtime.block_on(cluster_up(dir, otlp_endpoint)),
+        Task::Cluster {
+            action: ClusterAction::Down { dir },
+        } => {
+            cluster::stop_recorded(&dir)?;
+            println!("stopped the cluster in {}", dir.display());
+            Ok(())
+        }
+        Task::Test { cargo_args } => test(&cargo_args),
+        Task::Demo => runtime.block_on(demo()),
+    }
+}
+
+async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>) -> Result<()> {
+    let started = Instant::now();
+    let cluster = Cluster::start(ClusterConfig {
+        dir,
+        otlp_endpoint,
+        lifetime: Lifetime::Detached,
+        crds: Vec::new(),
+    })
+    .await?;
+    eprintln!(
+        "control plane ready at {} in {:.1} s; logs and audit log in {}",
+        cluster.server,
+        started.elapsed().as_secs_f64(),
+        cluster.dir.display()
+    );
+    eprintln!(
+        "non-admin kubeconfig: {}",
+        cluster.user_kubeconfig.display()
+    );
+    println!("export KUBECONFIG={}", cluster.kubeconfig.display());
+    Ok(())
+}
+
+fn test(cargo_args: &[String]) -> Result<()> {
+    let use_existing = std::env::var("USE_EXISTING_CLUSTER").is_ok_and(|v| v == "true");
+    if !use_existing {
+        // Build (or find) the control plane once, up front, with visible progress.
+        e2e::binaries::ensure()?;
+    }
+    let leftovers_before = processes_under(&e2e::binaries::controlplane_cache());
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(workspace_root())
+        .args(["test", "--workspace"])
+        .args(cargo_args)
+        .status()
+        .context("running cargo test")?;
+    let leftovers: Vec<_> = processes_under(&e2e::binaries::controlplane_cache())
+        .into_iter()
+        .filter(|p| !leftovers_before.contains(p))
+        .collect();
+    if !leftovers.is_empty() {
+        bail!("control-plane processes outlived the test run: {leftovers:?}");
+    }
+    eprintln!("no control-plane process outlived the test run");
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    Ok(())
+}
+
+async fn demo() -> Result<()> {
+    let dir = workspace_root().join("target").join("demo");
+    let started = Instant::now();
+    println!("==> starting a local control plane in {}", dir.display());
+    let mut cluster = Cluster::start(ClusterConfig {
+        dir,
+        otlp_endpoint: None,
+        lifetime: Lifetime::TiedToThisProcess,
+        crds: Vec::new(),
+    })
+    .await?;
+    let result = demo_steps(&cluster, started).await;
+    println!("==> stopping the control plane");
+    cluster.stop();
+    result
+}
+
+async fn demo_steps(cluster: &Cluster, started: Instant) -> Result<()> {
+    println!(
+        "    ready at {} after {:.1} s",
+        cluster.server,
+        started.elapsed().as_secs_f64()
+    );
+    let client = cluster.client().await?;
+    let version = client.apiserver_version().await?;
+    println!(
+        "==> the API server answers: Kubernetes {}",
+        version.git_version
+    );
+    println!("==> namespaces:");
+    for ns in Api::<Namespace>::all(client)
+        .list(&Default::default())
+        .await?
+    {
+        println!("    {}", ns.metadata.name.unwrap_or_default());
+    }
+    Ok(())
+}
