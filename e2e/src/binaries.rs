@@ -5,8 +5,9 @@
 //! pinned Go wrapper modules in `e2e/tools/`, cached outside the clone in
 //! `<cache>/controlplane/<tool>-<version>/` so every clone and CI run on the machine reuses it.
 //!
-//! Invariant: a cache folder exists only when its build finished (builds go to a temporary
-//! sibling that is renamed into place), so a killed build never leaves a half-filled cache.
+//! Invariant: a binary is in the cache only when its build finished (each is built into a
+//! temporary sibling folder and renamed into place), so a killed build never leaves a
+//! half-written binary; a missing binary is built on the next use.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +20,7 @@ pub const KUBERNETES_VERSION: &str = "v1.37.2";
 /// The etcd release built from `e2e/tools/etcd` (keep in step with its go.mod).
 pub const ETCD_VERSION: &str = "v3.7.3";
 
-/// Paths of the three control-plane programs.
+/// Paths of the control-plane programs (and a kubectl of the same release).
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub etcd: PathBuf,
@@ -78,6 +79,12 @@ pub fn controlplane_cache() -> PathBuf {
     cache_root().join("controlplane")
 }
 
+/// A kubectl of the same release as the control plane (built on first use), so tests and
+/// the demo do not depend on whatever kubectl the machine has.
+pub fn kubectl() -> Result<PathBuf> {
+    Ok(build(&KUBERNETES)?.join("kubectl"))
+}
+
 /// Finds or builds etcd, kube-apiserver and kube-controller-manager.
 pub fn ensure() -> Result<Binaries> {
     let assets = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from);
@@ -113,10 +120,15 @@ fn existing(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Returns the cache folder holding every binary of `tool`, building it on first use.
+/// Returns the cache folder holding every binary of `tool`, building the missing ones.
 fn build(tool: &Tool) -> Result<PathBuf> {
     let target = controlplane_cache().join(format!("{}-{}", tool.module_dir, tool.version));
-    if target.is_dir() {
+    let missing: Vec<_> = tool
+        .binaries
+        .iter()
+        .filter(|(_, binary)| !target.join(binary).is_file())
+        .collect();
+    if missing.is_empty() {
         return Ok(target);
     }
     check_go()?;
@@ -125,14 +137,14 @@ fn build(tool: &Tool) -> Result<PathBuf> {
         .join(tool.module_dir);
     let partial = target.with_extension(format!("partial-{}", std::process::id()));
     std::fs::create_dir_all(&partial)?;
-    eprintln!(
-        "building {} {} from {} (first use on this machine; several minutes)",
-        tool.module_dir,
-        tool.version,
-        module.display()
-    );
-    let started = Instant::now();
-    for (package, binary) in tool.binaries {
+    std::fs::create_dir_all(&target)?;
+    for (package, binary) in missing {
+        eprintln!(
+            "building {binary} {} from {} (first use on this machine; minutes)",
+            tool.version,
+            module.display()
+        );
+        let started = Instant::now();
         let status = Command::new("go")
             .current_dir(&module)
             .env("GOWORK", "off")
@@ -159,18 +171,14 @@ fn build(tool: &Tool) -> Result<PathBuf> {
                 module.display()
             );
         }
+        std::fs::rename(partial.join(binary), target.join(binary))?;
+        eprintln!(
+            "built {binary} in {:.0?} into {}",
+            started.elapsed(),
+            target.display()
+        );
     }
-    // Another process may have finished the same build meanwhile: either result is good.
-    if std::fs::rename(&partial, &target).is_err() && target.is_dir() {
-        let _ = std::fs::remove_dir_all(&partial);
-    }
-    eprintln!(
-        "built {} {} in {:.0?} into {}",
-        tool.module_dir,
-        tool.version,
-        started.elapsed(),
-        target.display()
-    );
+    let _ = std::fs::remove_dir_all(&partial);
     Ok(target)
 }
 

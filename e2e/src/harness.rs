@@ -12,11 +12,11 @@ use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Result, anyhow};
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use crate::cluster::{Cluster, ClusterConfig, client_for};
+use crate::operator::{Operator, OperatorConfig};
 use crate::process::Lifetime;
 
 /// What the shared cluster gives a test: where it is and what it wrote.
@@ -35,15 +35,31 @@ pub struct TestEnv {
     pub shared: Shared,
 }
 
+impl TestEnv {
+    /// Starts one operator replica (admin credentials) watching this test's namespace and
+    /// waits until its caches are synced.
+    pub async fn start_operator(&self, identity: &str, extra_args: &[&str]) -> Result<Operator> {
+        let mut op = Operator::start(self.operator_config(identity, extra_args))?;
+        op.wait_ready().await?;
+        Ok(op)
+    }
+
+    /// The configuration [`TestEnv::start_operator`] uses, for tests that adjust it.
+    pub fn operator_config(&self, identity: &str, extra_args: &[&str]) -> OperatorConfig {
+        OperatorConfig {
+            identity: format!("{}-{identity}", self.namespace),
+            kubeconfig: self.shared.kubeconfig.clone(),
+            namespaces: vec![self.namespace.clone()],
+            log_dir: crate::operator::workspace_root()
+                .join("target/e2e-logs")
+                .join(std::process::id().to_string()),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
 static CLUSTER: Mutex<Option<Cluster>> = Mutex::new(None);
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
-
-/// CRDs the harness establishes before the controller-manager starts (set by the test
-/// binary before its first [`setup`]; later calls have no effect).
-pub fn set_crds(crds: Vec<CustomResourceDefinition>) {
-    let _ = CRDS.set(crds);
-}
-static CRDS: OnceLock<Vec<CustomResourceDefinition>> = OnceLock::new();
 
 /// Starts (once) the shared cluster and gives the test a namespace `<prefix>-<n>`.
 pub async fn setup(prefix: &str) -> Result<TestEnv> {
@@ -97,7 +113,9 @@ fn start() -> Result<Shared> {
         dir,
         otlp_endpoint: std::env::var("E2E_APISERVER_OTLP_ENDPOINT").ok(),
         lifetime: Lifetime::TiedToThisProcess,
-        crds: CRDS.get().cloned().unwrap_or_default(),
+        // Established before the controller-manager starts, so its garbage collector knows
+        // MyResource owners at once.
+        crds: vec![myresource_operator::resource::crd()],
     };
     // The cluster must not belong to any one test's runtime: start it on a thread of its own.
     let cluster = std::thread::spawn(move || {

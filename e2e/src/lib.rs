@@ -6,6 +6,7 @@
 //! - [`cluster`]: starting and stopping one control plane in a folder;
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
 //! - [`harness`]: one shared control plane per test binary, a namespace per test;
+//! - [`operator`]: the operator binary run as a real process;
 //! - [`audit`]: reading the audit log the tests use as ground truth;
 //! - [`wait`]: polling instead of sleeping.
 
@@ -13,6 +14,7 @@ pub mod audit;
 pub mod binaries;
 pub mod cluster;
 pub mod harness;
+pub mod operator;
 pub mod pki;
 pub mod process;
 pub mod wait;

@@ -1,0 +1,211 @@
+//! The operator as a real process: built once per test binary with cargo, started with its
+//! own kubeconfig, ports and log file, tied to the test process's lifetime.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::cluster::free_port;
+use crate::process::{Lifetime, Process, spawn};
+use crate::wait::poll;
+
+/// The workspace root (the e2e crate lives directly under it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e lives in the workspace")
+        .to_path_buf()
+}
+
+/// Builds the operator binary (debug profile) once per process and returns its path.
+pub fn binary() -> Result<PathBuf> {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINARY
+        .get_or_init(|| build().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!("building the operator: {e}"))
+}
+
+fn build() -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "--quiet",
+            "--package",
+            "myresource-operator",
+            "--bin",
+            "myresource-operator",
+            "--message-format=json",
+        ])
+        .output()
+        .context("running cargo build")?;
+    if !out.status.success() {
+        bail!(
+            "cargo build failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| anyhow!("cargo build reported no executable"))
+}
+
+/// How to start one replica.
+#[derive(Debug, Clone)]
+pub struct OperatorConfig {
+    pub identity: String,
+    pub kubeconfig: PathBuf,
+    /// Namespaces to watch (empty: all).
+    pub namespaces: Vec<String>,
+    /// Folder for the log file.
+    pub log_dir: PathBuf,
+    /// More flags, e.g. lease timings.
+    pub extra_args: Vec<String>,
+}
+
+/// A running replica.
+#[derive(Debug)]
+pub struct Operator {
+    pub config: OperatorConfig,
+    pub health: SocketAddr,
+    pub metrics: SocketAddr,
+    pub process: Process,
+}
+
+impl Operator {
+    /// Starts a replica (does not wait for readiness; see [`Operator::wait_ready`]).
+    pub fn start(config: OperatorConfig) -> Result<Operator> {
+        let health: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        std::fs::create_dir_all(&config.log_dir)?;
+        let log = config.log_dir.join(format!("{}.log", config.identity));
+        let mut cmd = Command::new(binary()?);
+        cmd.arg("run")
+            .arg(format!("--kubeconfig={}", config.kubeconfig.display()))
+            .arg(format!("--identity={}", config.identity))
+            .arg(format!("--health-addr={health}"))
+            .arg(format!("--metrics-addr={metrics}"))
+            .arg("--log-format=json")
+            .args(&config.extra_args)
+            .env_remove("RUST_LOG")
+            .env("LOG_LEVEL", "info,myresource_operator=debug");
+        if !config.namespaces.is_empty() {
+            cmd.arg(format!("--namespaces={}", config.namespaces.join(",")));
+        }
+        let process = spawn(&config.identity, cmd, &log, Lifetime::TiedToThisProcess)?;
+        Ok(Operator {
+            config,
+            health,
+            metrics,
+            process,
+        })
+    }
+
+    /// Waits until `/readyz` answers 200 (caches synced).
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        let addr = self.health;
+        let limit = Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if http_get(addr, "/readyz")
+                .await
+                .is_ok_and(|(code, _)| code == 200)
+            {
+                return Ok(());
+            }
+            self.process.ensure_running()?;
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "{} not ready after {limit:?}:\n{}",
+                    self.config.identity,
+                    self.process.log_tail(20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.process.log).unwrap_or_default()
+    }
+
+    /// The log's JSON lines.
+    pub fn log_lines(&self) -> Vec<serde_json::Value> {
+        self.log()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The user agent this replica sends (and the audit log records).
+    pub fn user_agent(&self) -> String {
+        format!("myresource-operator/0.1.0 ({})", self.config.identity)
+    }
+
+    /// SIGTERM, SIGKILL after 10 s; returns once it has exited.
+    pub fn stop(&mut self) {
+        self.process.stop(Duration::from_secs(10));
+    }
+
+    /// SIGKILL; returns once it has exited.
+    pub fn kill(&mut self) {
+        self.process.signal(libc::SIGKILL);
+        self.process.wait_for_exit(Duration::from_secs(10));
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.process.signal(libc::SIGCONT);
+        self.process.signal(libc::SIGKILL);
+        self.process.wait_for_exit(Duration::from_secs(5));
+    }
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status code, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let request = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        anyhow::Ok(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(5), request).await??;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("no HTTP status in {response:?}"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Polls the operator log until a JSON line satisfies `pred`.
+pub async fn wait_for_log(
+    op: &Operator,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value> {
+    poll(what, limit, || {
+        let found = op.log_lines().into_iter().find(|l| pred(l));
+        async move { Ok(found) }
+    })
+    .await
+}

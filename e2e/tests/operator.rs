@@ -1,0 +1,422 @@
+//! One operator replica as a real process against the real control plane: the tutorial's
+//! example, spec updates, Pod counting, garbage collection, drift repair, no writes on
+//! restart, a foreign ConfigMap, bad input, and a crash in the middle of 100 objects.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use e2e::harness;
+use e2e::wait::poll;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL, PodCounts};
+use serde_json::json;
+
+/// The tutorial's example, byte for byte.
+const TUTORIAL_EXAMPLE: &str = "apiVersion: trstringer.com/v1
+kind: MyResource
+metadata:
+  name: example-myresource
+spec:
+  message: hello world
+  someValue: 13
+";
+
+fn myresource(name: &str, message: &str, value: i32) -> MyResource {
+    MyResource::new(
+        name,
+        MyResourceSpec {
+            message: message.into(),
+            some_value: value,
+        },
+    )
+}
+
+/// Waits until the ConfigMap `name` has this data and the MyResource is Ready for its
+/// current generation; returns both.
+async fn converged(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    message: &str,
+    value: i32,
+) -> Result<(MyResource, ConfigMap)> {
+    let mrs: Api<MyResource> = Api::namespaced(client.clone(), ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    poll(
+        &format!("{name} to converge"),
+        Duration::from_secs(20),
+        || {
+            let (mrs, cms) = (mrs.clone(), cms.clone());
+            async move {
+                let Some(mr) = mrs.get_opt(name).await? else {
+                    return Ok(None);
+                };
+                let Some(cm) = cms.get_opt(name).await? else {
+                    return Ok(None);
+                };
+                let data = cm.data.clone().unwrap_or_default();
+                let status = mr.status.clone().unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let done = data.get("message").map(String::as_str) == Some(message)
+                    && data.get("someValue") == Some(&value.to_string())
+                    && ready
+                    && status.observed_generation == mr.metadata.generation;
+                Ok(done.then_some((mr, cm)))
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn tutorial_example_gets_its_configmap_and_follows_spec_updates() -> Result<()> {
+    let env = harness::setup("tutorial").await?;
+    let _op = env.start_operator("op", &[]).await?;
+    let applied = std::process::Command::new(e2e::binaries::kubectl()?)
+        .args([
+            "--kubeconfig",
+            env.shared.kubeconfig.to_str().unwrap(),
+            "-n",
+            &env.namespace,
+            "apply",
+            "-f",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(TUTORIAL_EXAMPLE.as_bytes())?;
+            child.wait_with_output()
+        })?;
+    assert!(
+        applied.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+
+    let started = Instant::now();
+    let (mr, cm) = converged(
+        &env.client,
+        &env.namespace,
+        "example-myresource",
+        "hello world",
+        13,
+    )
+    .await?;
+    eprintln!("tutorial example Ready after {:?}", started.elapsed());
+    assert_eq!(
+        mr.status.as_ref().unwrap().config_map_name.as_deref(),
+        Some("example-myresource")
+    );
+    let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("MyResource", Some(true))
+    );
+    assert_eq!(Some(owner.uid.clone()), mr.metadata.uid);
+    let first_generation = mr.metadata.generation.unwrap();
+
+    // A spec update: ConfigMap and status follow, observedGeneration advances.
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    mrs.patch(
+        "example-myresource",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"message": "goodbye", "someValue": 42}})),
+    )
+    .await?;
+    let (mr, _) = converged(
+        &env.client,
+        &env.namespace,
+        "example-myresource",
+        "goodbye",
+        42,
+    )
+    .await?;
+    assert!(mr.status.unwrap().observed_generation.unwrap() > first_generation);
+    Ok(())
+}
+
+#[tokio::test]
+async fn labelled_pods_are_counted() -> Result<()> {
+    let env = harness::setup("pods").await?;
+    let _op = env.start_operator("op", &[]).await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    mrs.create(&PostParams::default(), &myresource("counted", "m", 1))
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    for i in 0..3 {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("p{i}"), "labels": {POD_LABEL: "counted"}},
+            "spec": {"containers": [{"name": "c", "image": "example.invalid/none"}]}
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    for i in 0..2 {
+        let status = json!({"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        ]}});
+        pods.patch_status(
+            &format!("p{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(status),
+        )
+        .await?;
+    }
+    wait_for_counts(&mrs, "counted", PodCounts { total: 3, ready: 2 }).await?;
+    pods.delete("p0", &DeleteParams::default()).await?;
+    wait_for_counts(&mrs, "counted", PodCounts { total: 2, ready: 1 }).await?;
+    Ok(())
+}
+
+async fn wait_for_counts(mrs: &Api<MyResource>, name: &str, want: PodCounts) -> Result<()> {
+    poll(&format!("pods {want:?}"), Duration::from_secs(20), || {
+        let mrs = mrs.clone();
+        async move {
+            let mr = mrs.get(name).await?;
+            Ok((mr.status.and_then(|s| s.pods) == Some(want)).then_some(()))
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn configmap_is_restored_and_garbage_collected() -> Result<()> {
+    let env = harness::setup("drift").await?;
+    let _op = env.start_operator("op", &[]).await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    mrs.create(&PostParams::default(), &myresource("kept", "keep me", 7))
+        .await?;
+    converged(&env.client, &env.namespace, "kept", "keep me", 7).await?;
+
+    // Edited by hand → restored.
+    cms.patch(
+        "kept",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"message": "vandalised"}})),
+    )
+    .await?;
+    wait_for_data(&cms, "kept", "keep me").await?;
+
+    // Deleted by hand → restored.
+    cms.delete("kept", &DeleteParams::default()).await?;
+    wait_for_data(&cms, "kept", "keep me").await?;
+
+    // The MyResource deleted → its ConfigMap goes by garbage collection.
+    mrs.delete("kept", &DeleteParams::default()).await?;
+    poll(
+        "the ConfigMap to be garbage collected",
+        Duration::from_secs(60),
+        || {
+            let cms = cms.clone();
+            async move { Ok(cms.get_opt("kept").await?.is_none().then_some(())) }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn wait_for_data(cms: &Api<ConfigMap>, name: &str, message: &str) -> Result<()> {
+    poll(
+        &format!("ConfigMap {name} restored"),
+        Duration::from_secs(20),
+        || {
+            let cms = cms.clone();
+            async move {
+                let cm = cms.get_opt(name).await?;
+                let restored = cm
+                    .and_then(|c| c.data)
+                    .is_some_and(|d| d.get("message").map(String::as_str) == Some(message));
+                Ok(restored.then_some(()))
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_restart_with_nothing_changed_writes_nothing() -> Result<()> {
+    let env = harness::setup("restart").await?;
+    let mut first = env.start_operator("first", &[]).await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    for i in 0..5 {
+        mrs.create(
+            &PostParams::default(),
+            &myresource(&format!("r{i}"), "steady", i),
+        )
+        .await?;
+    }
+    for i in 0..5 {
+        converged(&env.client, &env.namespace, &format!("r{i}"), "steady", i).await?;
+    }
+    first.stop();
+
+    let second = env.start_operator("second", &[]).await?;
+    // The second replica has reconciled every key once it logged each as reconciled.
+    for i in 0..5 {
+        let key = format!("{}/r{i}", env.namespace);
+        e2e::operator::wait_for_log(
+            &second,
+            &format!("{key} reconciled"),
+            Duration::from_secs(20),
+            |l| l["message"] == "reconciled" && l["myresource"] == key.as_str(),
+        )
+        .await?;
+    }
+    let log = env.shared.audit_log.as_ref().expect("local cluster");
+    let writes: Vec<_> = e2e::audit::read(log)?
+        .into_iter()
+        .filter(|e| e.is_write() && e.user_agent == second.user_agent())
+        .map(|e| format!("{} {:?}", e.verb, e.object_ref))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "a restart with nothing changed wrote: {writes:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_foreign_configmap_is_left_alone_and_retries_slow_down() -> Result<()> {
+    let env = harness::setup("foreign").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let foreign: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "taken"}, "data": {"owner": "someone else"}
+    }))?;
+    let foreign = cms.create(&PostParams::default(), &foreign).await?;
+    let op = env.start_operator("op", &[]).await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    mrs.create(&PostParams::default(), &myresource("taken", "mine", 1))
+        .await?;
+    let started = Instant::now();
+
+    let condition = poll("Ready=False", Duration::from_secs(20), || {
+        let mrs = mrs.clone();
+        async move {
+            let mr = mrs.get("taken").await?;
+            Ok(mr.status.and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Ready" && c.status == "False")
+            }))
+        }
+    })
+    .await?;
+    assert_eq!(condition.reason, "ConfigMapOwnedElsewhere");
+    assert!(
+        condition.message.contains("ConfigMap taken already exists"),
+        "{}",
+        condition.message
+    );
+
+    // Watch the retries for a minute: backoff doubling from 200 ms allows at most 9.
+    let key = format!("{}/taken", env.namespace);
+    let remaining = Duration::from_secs(60).saturating_sub(started.elapsed());
+    tokio::time::sleep(remaining).await;
+    let attempts = op
+        .log_lines()
+        .iter()
+        .filter(|l| l["message"] == "reconcile failed" && l["myresource"] == key.as_str())
+        .count();
+    assert!(
+        (1..=10).contains(&attempts),
+        "{attempts} attempts in a minute"
+    );
+
+    let after = cms.get("taken").await?;
+    assert_eq!(
+        after.metadata.resource_version, foreign.metadata.resource_version,
+        "foreign ConfigMap was modified"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_is_rejected_by_the_api_server_with_a_clear_message() -> Result<()> {
+    let env = harness::setup("badinput").await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    let long = "x".repeat(1025);
+    let cases = [
+        (
+            json!({"message": "m", "someValue": "abc"}),
+            "spec.someValue",
+        ),
+        (
+            json!({"message": "m", "someValue": 2147483648i64}),
+            "spec.someValue",
+        ),
+        (json!({"someValue": 1}), "spec.message"),
+        (json!({"message": "", "someValue": 1}), "spec.message"),
+        (json!({"message": long, "someValue": 1}), "spec.message"),
+        (
+            json!({"message": "m", "someValue": 1, "colour": "red"}),
+            "colour",
+        ),
+    ];
+    // A create as kubectl sends it, with server-side strict field validation.
+    let url = format!(
+        "/apis/trstringer.com/v1/namespaces/{}/myresources?fieldValidation=Strict",
+        env.namespace
+    );
+    for (i, (spec, field)) in cases.into_iter().enumerate() {
+        let name = format!("bad-{i}");
+        let body = json!({"apiVersion": "trstringer.com/v1", "kind": "MyResource", "metadata": {"name": name}, "spec": spec});
+        let request = http::Request::post(&url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&body)?)?;
+        let err = env
+            .client
+            .request::<MyResource>(request)
+            .await
+            .expect_err(&format!("case {i} ({spec}) must be rejected"));
+        let kube::Error::Api(status) = err else {
+            panic!("case {i}: not an API error: {err:?}")
+        };
+        assert!(matches!(status.code, 400 | 422), "case {i}: {status:?}");
+        eprintln!("case {i}: {} {}", status.code, status.message);
+        assert!(
+            status.message.contains(field),
+            "case {i}: message {:?} does not name {field}",
+            status.message
+        );
+        assert!(mrs.get_opt(&name).await?.is_none(), "case {i} was stored");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_crash_in_the_middle_of_100_objects_loses_nothing() -> Result<()> {
+    let env = harness::setup("crash").await?;
+    let mut op = env.start_operator("first", &[]).await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    for i in 0..100 {
+        mrs.create(
+            &PostParams::default(),
+            &myresource(&format!("o{i}"), "bulk", i),
+        )
+        .await?;
+    }
+    // Kill it once it is partway through.
+    e2e::operator::wait_for_log(&op, "some reconciles", Duration::from_secs(30), |l| {
+        l["message"] == "ConfigMap created"
+    })
+    .await?;
+    op.kill();
+    let _second = env.start_operator("second", &[]).await?;
+    for i in 0..100 {
+        converged(&env.client, &env.namespace, &format!("o{i}"), "bulk", i).await?;
+    }
+    Ok(())
+}

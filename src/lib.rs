@@ -1,0 +1,26 @@
+//! myresource-operator: a high-availability Kubernetes operator for `MyResource`.
+//!
+//! Event flow of one replica:
+//!
+//! ```text
+//! kube-apiserver ─watch─► cache (MyResources, owned ConfigMaps, slim Pod index)
+//!                              │ changed(key)           (warm on every replica)
+//!                              ▼
+//!                         controller ── while leading ──► shard = hash(ns/name) % S
+//!                                                          │ queue: dedupe, one key per worker,
+//!                                                          │ backoff, requeue-after
+//!                                                          ▼
+//!                                                  W workers ─► reconcile ─► apply / status
+//! ```
+
+pub mod cache;
+pub mod cli;
+pub mod controller;
+pub mod endpoints;
+pub mod fence;
+pub mod key;
+pub mod queue;
+pub mod reconcile;
+pub mod resource;
+pub mod shard;
+pub mod telemetry;

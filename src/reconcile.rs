@@ -1,0 +1,410 @@
+//! What the operator does for one MyResource: level-triggered and idempotent.
+//!
+//! 1. Keep a ConfigMap of the same name whose data carries `message` and `someValue`,
+//!    controlled by the MyResource (ownerReference `controller: true`, so garbage collection
+//!    deletes it with its owner), written by server-side apply under one field manager.
+//! 2. Count the labelled Pods and how many are Ready (from the warm Pod index).
+//! 3. Write status (`observedGeneration`, `Ready`, ConfigMap name, Pod counts) through the
+//!    status subresource, with the resourceVersion read as a precondition.
+//! 4. Publish an Event for every change made and every new failure.
+//!
+//! Invariants: every decision is made by the pure functions at the top from cached state;
+//! a reconcile that finds the world as desired makes no request at all (so a failover that
+//! re-reconciles every object causes no writes); every write is preceded by a fence check.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::cache::{Caches, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::fence::{Fence, NotLeader};
+use crate::key::ObjectKey;
+use crate::queue::Outcome;
+use crate::resource::{MyResource, MyResourceStatus, PodCounts};
+
+/// The field manager of every server-side apply this operator makes.
+pub const FIELD_MANAGER: &str = "myresource-operator";
+
+/// Everything a reconcile needs; shared by all workers.
+pub struct Context {
+    pub client: Client,
+    pub caches: Caches,
+    pub recorder: Recorder,
+    pub fence: Fence,
+}
+
+/// Why a reconcile did not finish.
+#[derive(Debug)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    Kube(kube::Error),
+    /// The ConfigMap's name is taken by an object this MyResource does not control.
+    OwnedElsewhere(String),
+    /// Leadership is no longer valid; nothing was written.
+    NotLeader,
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Kube(err) => write!(f, "Kubernetes API: {err}"),
+            Error::OwnedElsewhere(msg) => f.write_str(msg),
+            Error::NotLeader => NotLeader.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<kube::Error> for Error {
+    fn from(err: kube::Error) -> Self {
+        Error::Kube(err)
+    }
+}
+
+impl From<NotLeader> for Error {
+    fn from(_: NotLeader) -> Self {
+        Error::NotLeader
+    }
+}
+
+impl Error {
+    /// A short label for metrics and span fields.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Error::Kube(_) => "api",
+            Error::OwnedElsewhere(_) => "owned_elsewhere",
+            Error::NotLeader => "not_leader",
+        }
+    }
+}
+
+// ---- decisions (pure) ----
+
+/// The ConfigMap a MyResource should have.
+pub fn desired_configmap(mr: &MyResource) -> ConfigMap {
+    let labels = BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(mr.name_any()),
+            namespace: mr.namespace(),
+            labels: Some(labels),
+            owner_references: mr.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([
+            ("message".to_string(), mr.spec.message.clone()),
+            ("someValue".to_string(), mr.spec.some_value.to_string()),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// How an existing ConfigMap relates to the desired one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigMapState {
+    UpToDate,
+    Missing,
+    /// Ours, but its data or our label differ (someone edited it, or the spec changed).
+    Drifted,
+    /// Someone else's: the message says whose and what to do.
+    OwnedElsewhere(String),
+}
+
+/// Compares an existing ConfigMap (if any) with the desired one for `mr`.
+pub fn classify(
+    existing: Option<&ConfigMap>,
+    desired: &ConfigMap,
+    mr: &MyResource,
+) -> ConfigMapState {
+    let Some(cm) = existing else {
+        return ConfigMapState::Missing;
+    };
+    let uid = mr.uid().unwrap_or_default();
+    let controller = cm
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match controller {
+        Some(owner) if owner.uid == uid => {}
+        Some(owner) => {
+            return ConfigMapState::OwnedElsewhere(format!(
+                "ConfigMap {} already exists and is controlled by {} {} (uid {}); delete or \
+                 rename that ConfigMap, or give this MyResource another name",
+                cm.name_any(),
+                owner.kind,
+                owner.name,
+                owner.uid
+            ));
+        }
+        None => {
+            return ConfigMapState::OwnedElsewhere(format!(
+                "ConfigMap {} already exists and is not managed by this operator; delete or \
+                 rename it, or give this MyResource another name",
+                cm.name_any()
+            ));
+        }
+    }
+    let labelled = cm.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+    if labelled && cm.data == desired.data {
+        ConfigMapState::UpToDate
+    } else {
+        ConfigMapState::Drifted
+    }
+}
+
+/// The status a MyResource should have. `problem` is the reason and message of a failure,
+/// if any. `lastTransitionTime` is kept when the condition's status does not change, so a
+/// status that is already right compares equal and is not written.
+pub fn desired_status(
+    mr: &MyResource,
+    pods: PodCounts,
+    problem: Option<(&str, &str)>,
+    now: Timestamp,
+) -> MyResourceStatus {
+    let generation = mr.metadata.generation;
+    let name = mr.name_any();
+    let (status, reason, message) = match problem {
+        None => (
+            "True",
+            "Reconciled".to_string(),
+            format!(
+                "ConfigMap {name} holds the spec of generation {}; {} of {} labelled Pods are Ready",
+                generation.unwrap_or_default(),
+                pods.ready,
+                pods.total
+            ),
+        ),
+        Some((reason, message)) => ("False", reason.to_string(), message.to_string()),
+    };
+    let previous = mr
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let last_transition_time = match previous {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    MyResourceStatus {
+        observed_generation: generation,
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason,
+            message,
+            observed_generation: generation,
+            last_transition_time,
+        }],
+        config_map_name: Some(name),
+        pods: Some(pods),
+    }
+}
+
+// ---- I/O ----
+
+/// Reconciles the MyResource `key` from the caches; see the module doc.
+pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error> {
+    let Some(mr) = ctx.caches.myresources.get(key) else {
+        // Deleted: its ConfigMap goes by garbage collection.
+        return Ok(Outcome::Success);
+    };
+    if mr.metadata.deletion_timestamp.is_some() {
+        return Ok(Outcome::Success);
+    }
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let desired = desired_configmap(&mr);
+    let state = match ctx.caches.configmaps.get(key) {
+        Some(cm) => classify(Some(&cm), &desired, &mr),
+        // Not in our cache: either absent or someone else's (our cache holds only ours).
+        None => classify(configmaps.get_opt(&key.name).await?.as_ref(), &desired, &mr),
+    };
+    let pods = ctx.caches.pods.counts(key);
+
+    let problem = match &state {
+        ConfigMapState::UpToDate => None,
+        ConfigMapState::Missing | ConfigMapState::Drifted => {
+            ctx.fence.check()?;
+            configmaps
+                .patch(
+                    &key.name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&desired),
+                )
+                .await?;
+            let (reason, verb) = if state == ConfigMapState::Missing {
+                ("ConfigMapCreated", "created")
+            } else {
+                ("ConfigMapUpdated", "updated")
+            };
+            info!(myresource = %key, "ConfigMap {verb}");
+            publish(
+                ctx,
+                &mr,
+                EventType::Normal,
+                reason,
+                &format!("ConfigMap {} {verb}", key.name),
+            )
+            .await;
+            None
+        }
+        ConfigMapState::OwnedElsewhere(message) => {
+            Some(("ConfigMapOwnedElsewhere", message.as_str()))
+        }
+    };
+
+    let status = desired_status(&mr, pods, problem, Timestamp::now());
+    if mr.status.as_ref() != Some(&status) {
+        ctx.fence.check()?;
+        let api: Api<MyResource> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        let patch = json!({
+            "metadata": {"resourceVersion": mr.resource_version()},
+            "status": status,
+        });
+        api.patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        if let Some((reason, message)) = problem {
+            let was = mr
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.first())
+                .map(|c| c.reason.as_str());
+            if was != Some(reason) {
+                publish(ctx, &mr, EventType::Warning, reason, message).await;
+            }
+        }
+    }
+    match state {
+        ConfigMapState::OwnedElsewhere(message) => Err(Error::OwnedElsewhere(message)),
+        _ => Ok(Outcome::Success),
+    }
+}
+
+/// Publishes an Event about `mr`; a failure to publish is logged, never fatal.
+async fn publish(ctx: &Context, mr: &MyResource, type_: EventType, reason: &str, note: &str) {
+    if ctx.fence.check().is_err() {
+        return;
+    }
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &mr.object_ref(&())).await {
+        warn!(myresource = %ObjectKey::of(mr), error = %err, "could not publish event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::MyResourceSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn mr() -> MyResource {
+        let mut mr = MyResource::new(
+            "example-myresource",
+            MyResourceSpec {
+                message: "hello world".into(),
+                some_value: 13,
+            },
+        );
+        mr.metadata.namespace = Some("default".into());
+        mr.metadata.uid = Some("uid-1".into());
+        mr.metadata.generation = Some(2);
+        mr
+    }
+
+    #[test]
+    fn desired_configmap_carries_the_spec_and_a_controller_reference() {
+        let cm = desired_configmap(&mr());
+        let data = cm.data.unwrap();
+        assert_eq!(data["message"], "hello world");
+        assert_eq!(data["someValue"], "13");
+        let owner = &cm.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("MyResource", "uid-1", Some(true))
+        );
+        assert_eq!(cm.metadata.labels.unwrap()[MANAGED_BY_LABEL], MANAGED_BY);
+    }
+
+    #[test]
+    fn classify_tells_ours_drifted_missing_and_foreign_apart() {
+        let mr = mr();
+        let desired = desired_configmap(&mr);
+        assert_eq!(classify(None, &desired, &mr), ConfigMapState::Missing);
+        assert_eq!(
+            classify(Some(&desired), &desired, &mr),
+            ConfigMapState::UpToDate
+        );
+
+        let mut edited = desired.clone();
+        edited
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("message".into(), "edited".into());
+        assert_eq!(
+            classify(Some(&edited), &desired, &mr),
+            ConfigMapState::Drifted
+        );
+
+        let mut foreign = desired.clone();
+        foreign.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            name: "web".into(),
+            uid: "uid-9".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]);
+        let ConfigMapState::OwnedElsewhere(msg) = classify(Some(&foreign), &desired, &mr) else {
+            panic!("foreign ConfigMap must not be ours");
+        };
+        assert!(msg.contains("Deployment web"), "{msg}");
+
+        let mut unowned = desired.clone();
+        unowned.metadata.owner_references = None;
+        assert!(matches!(
+            classify(Some(&unowned), &desired, &mr),
+            ConfigMapState::OwnedElsewhere(_)
+        ));
+    }
+
+    #[test]
+    fn an_unchanged_world_yields_an_equal_status() {
+        let mut mr = mr();
+        let t0 = Timestamp::from_second(1_000).unwrap();
+        let pods = PodCounts { total: 3, ready: 2 };
+        let first = desired_status(&mr, pods, None, t0);
+        assert_eq!(first.observed_generation, Some(2));
+        assert_eq!(first.conditions[0].status, "True");
+        mr.status = Some(first.clone());
+        // Later, same world: equal, so nothing is written.
+        let later = desired_status(&mr, pods, None, Timestamp::from_second(2_000).unwrap());
+        assert_eq!(later, first);
+        // A failure flips the condition and its transition time.
+        let failed = desired_status(
+            &mr,
+            pods,
+            Some(("ConfigMapOwnedElsewhere", "taken")),
+            Timestamp::from_second(3_000).unwrap(),
+        );
+        assert_eq!(failed.conditions[0].status, "False");
+        assert_eq!(failed.conditions[0].reason, "ConfigMapOwnedElsewhere");
+        assert_eq!(
+            failed.conditions[0].last_transition_time,
+            Time(Timestamp::from_second(3_000).unwrap())
+        );
+    }
+}
