@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -57,6 +58,34 @@ pub struct RunArgs {
     #[arg(long, env = "WORKERS_PER_SHARD", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub workers_per_shard: u16,
 
+    /// Name of the Lease that elects the leader.
+    #[arg(long, env = "LEASE_NAME", default_value = "myresource-operator")]
+    pub lease_name: String,
+
+    /// Namespace of the Lease. Default: $POD_NAMESPACE, else the in-cluster service account's
+    /// namespace, else the kubeconfig context's namespace.
+    #[arg(long, env = "LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// How long followers wait after the last observed change of the Lease before taking it
+    /// over (whole seconds). Must exceed --renew-deadline.
+    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// How long the leader keeps leading without a successful renew; it stops writing and
+    /// steps down then. Must exceed --retry-period.
+    #[arg(long, env = "RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+
+    /// How often the leader renews and followers retry.
+    #[arg(long, env = "RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+
+    /// On SIGTERM, how long in-flight reconciles may take before they are cancelled and the
+    /// Lease is released.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+
     /// Log filter (tracing EnvFilter syntax, e.g. `info` or `myresource_operator=debug`).
     /// RUST_LOG, when set, wins.
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
@@ -73,7 +102,47 @@ pub enum LogFormat {
     Text,
 }
 
+/// Parses `1500ms`, `15s`, `2m` (a bare number means seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (examples: 500ms, 15s, 2m)"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ms, s or m)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
 impl RunArgs {
+    /// The election timings, checked for consistency.
+    pub fn timings(&self) -> Result<crate::election::Timings, String> {
+        crate::election::Timings::new(self.lease_duration, self.renew_deadline, self.retry_period)
+    }
+
+    /// The Lease namespace: the flag, $POD_NAMESPACE, the service account's namespace, or
+    /// `fallback` (the kubeconfig's).
+    pub fn lease_namespace(&self, fallback: &str) -> String {
+        const SA_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+        self.lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .or_else(|| {
+                std::fs::read_to_string(SA_NAMESPACE)
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            })
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| fallback.to_string())
+    }
+
     /// The identity: the flag, else $POD_NAME, else hostname plus a random suffix.
     pub fn identity(&self) -> String {
         if let Some(id) = self.identity.clone().filter(|s| !s.is_empty()) {
@@ -115,5 +184,36 @@ mod tests {
         assert_eq!(args.shards, 4);
         let err = Cli::try_parse_from(["myresource-operator", "run", "--shards", "0"]).unwrap_err();
         assert!(err.to_string().contains("--shards"), "{err}");
+    }
+
+    #[test]
+    fn durations_parse_and_bad_ones_say_why() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(
+            parse_duration("soon")
+                .unwrap_err()
+                .contains("not a duration")
+        );
+        assert!(parse_duration("3h").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn inconsistent_lease_timings_are_refused_with_the_flag_names() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "run",
+            "--lease-duration",
+            "10s",
+            "--renew-deadline",
+            "10s",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("run expected")
+        };
+        assert!(args.timings().unwrap_err().contains("--lease-duration"));
     }
 }

@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod cli;
 pub mod controller;
+pub mod election;
 pub mod endpoints;
 pub mod fence;
 pub mod key;

@@ -3,18 +3,22 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
+use kube::Api;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use myresource_operator::cli::{Cli, Command, RunArgs};
 use myresource_operator::controller::Controller;
+use myresource_operator::election::{Driver, Elector, Role};
 use myresource_operator::endpoints::{self, Health};
 use myresource_operator::fence::Fence;
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
 use myresource_operator::shard::Shards;
 use myresource_operator::{cache, resource, telemetry};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -40,7 +44,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn client(args: &RunArgs, identity: &str) -> Result<Client> {
+async fn kube_config(args: &RunArgs, identity: &str) -> Result<kube::Config> {
     let mut config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -48,7 +52,7 @@ async fn client(args: &RunArgs, identity: &str) -> Result<Client> {
             kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
         }
         None => kube::Config::infer().await.context(
-            "no Kubernetes configuration (flag, KUBECONFIG, ~/.kube/config or in-cluster)",
+            "no Kubernetes configuration (--kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster)",
         )?,
     };
     let user_agent = format!(
@@ -59,15 +63,31 @@ async fn client(args: &RunArgs, identity: &str) -> Result<Client> {
         http::header::USER_AGENT,
         user_agent
             .parse()
-            .context("identity is not a valid header value")?,
+            .context("the identity is not a valid HTTP header value")?,
     ));
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }
 
 async fn run(args: RunArgs) -> Result<()> {
+    let timings = args.timings().map_err(anyhow::Error::msg)?;
     let identity = args.identity();
-    let client = client(&args, &identity).await?;
-    info!(%identity, namespaces = ?args.namespaces, shards = args.shards, workers_per_shard = args.workers_per_shard, "starting");
+    let config = kube_config(&args, &identity).await?;
+    let lease_namespace = args.lease_namespace(&config.default_namespace);
+    let client = Client::try_from(config.clone())?;
+    // The election's client must not retry 429/503/504 on its own: a renew may never hang
+    // past the renew deadline.
+    let mut election_config = config;
+    election_config.default_retry = false;
+    let election_client = Client::try_from(election_config)?;
+    info!(
+        %identity,
+        namespaces = ?args.namespaces,
+        lease = %format!("{lease_namespace}/{}", args.lease_name),
+        ?timings,
+        shards = args.shards,
+        workers_per_shard = args.workers_per_shard,
+        "starting"
+    );
 
     let controller = Arc::new(Controller::new(Shards::new(
         args.shards.into(),
@@ -84,42 +104,82 @@ async fn run(args: RunArgs) -> Result<()> {
     )
     .await?;
 
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "myresource-operator".into(),
-            instance: Some(identity.clone()),
-        },
-    );
+    let fence = Fence::closed();
     let ctx = Arc::new(Context {
-        client,
+        client: client.clone(),
         caches: caches.clone(),
-        recorder,
-        fence: Fence::unfenced(),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "myresource-operator".into(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        fence: fence.clone(),
     });
-    caches.wait_synced().await;
 
-    let cancel = CancellationToken::new();
-    let term = {
-        let (controller, cancel) = (controller.clone(), cancel.clone());
-        tokio::spawn(async move {
-            controller
-                .lead(ctx, args.workers_per_shard.into(), cancel)
-                .await
-        })
-    };
-    shutdown_signal().await?;
-    info!("shutting down");
-    cancel.cancel();
-    term.await?;
-    Ok(())
-}
-
-async fn shutdown_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    // Campaign only with synced caches: a leader must find every object in its stores.
     tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = caches.wait_synced() => {}
+        _ = terminate.recv() => return Ok(()),
+        _ = tokio::signal::ctrl_c() => return Ok(()),
     }
+
+    let (role_tx, mut role) = watch::channel(Role::Follower);
+    let stop_election = CancellationToken::new();
+    let election = tokio::spawn(
+        Driver {
+            api: Api::namespaced(election_client, &lease_namespace),
+            elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings),
+            fence: fence.clone(),
+            role: role_tx,
+        }
+        .run(stop_election.clone()),
+    );
+
+    let mut term: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
+    loop {
+        tokio::select! {
+            changed = role.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let now = *role.borrow_and_update();
+                match (now, term.is_some()) {
+                    (Role::Leader, false) => {
+                        let cancel = CancellationToken::new();
+                        let (controller, ctx) = (controller.clone(), ctx.clone());
+                        let workers = args.workers_per_shard.into();
+                        let token = cancel.clone();
+                        term = Some((cancel, tokio::spawn(async move { controller.lead(ctx, workers, token).await })));
+                    }
+                    (Role::Follower, true) => {
+                        let (cancel, handle) = term.take().expect("checked");
+                        cancel.cancel();
+                        let _ = handle.await;
+                    }
+                    _ => {}
+                }
+            }
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+
+    info!("shutting down: stopping workers, then releasing the Lease");
+    fence.revoke();
+    if let Some((cancel, handle)) = term.take() {
+        cancel.cancel();
+        if tokio::time::timeout(args.shutdown_grace, handle)
+            .await
+            .is_err()
+        {
+            warn!(grace = ?args.shutdown_grace, "workers did not stop within the grace period");
+        }
+    }
+    stop_election.cancel();
+    election.await?;
+    info!("stopped");
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 
 /// The fields of an audit event the tests read.
@@ -18,8 +19,11 @@ pub struct AuditEvent {
     #[serde(default)]
     pub response_status: Option<ResponseStatus>,
     pub stage: String,
-    pub request_received_timestamp: String,
-    pub stage_timestamp: String,
+    pub request_received_timestamp: Timestamp,
+    pub stage_timestamp: Timestamp,
+    /// The request body (Lease writes only, see the audit policy).
+    #[serde(default)]
+    pub request_object: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -59,6 +63,26 @@ impl AuditEvent {
         )
     }
 
+    /// Whether the request succeeded (2xx).
+    pub fn succeeded(&self) -> bool {
+        self.response_status
+            .as_ref()
+            .is_some_and(|s| (200..300).contains(&s.code))
+    }
+
+    /// The operator replica that made the request, from its user agent
+    /// `myresource-operator/VERSION (IDENTITY)`.
+    pub fn replica(&self) -> Option<&str> {
+        let rest = self.user_agent.strip_prefix("myresource-operator/")?;
+        let (_, identity) = rest.split_once(" (")?;
+        identity.strip_suffix(')')
+    }
+
+    /// The resource, or "" when absent.
+    pub fn resource(&self) -> &str {
+        self.object_ref.as_ref().map_or("", |o| o.resource.as_str())
+    }
+
     /// The object's namespace, or "" when cluster-scoped or absent.
     pub fn namespace(&self) -> &str {
         self.object_ref
@@ -80,4 +104,158 @@ pub fn read(path: &Path) -> Result<Vec<AuditEvent>> {
         }
     }
     Ok(events)
+}
+
+/// A successful Lease write that changed the holder: the start of a term.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acquisition {
+    pub holder: String,
+    pub at: Timestamp,
+}
+
+/// The terms of the Lease `namespace/name`, in order: every successful write whose holder
+/// differs from the previous write's ("" for a release).
+pub fn acquisitions(events: &[AuditEvent], namespace: &str, name: &str) -> Vec<Acquisition> {
+    let mut terms: Vec<Acquisition> = Vec::new();
+    let mut writes: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.is_write() && e.succeeded() && e.resource() == "leases")
+        .filter(|e| {
+            e.namespace() == namespace && e.object_ref.as_ref().is_some_and(|o| o.name == name)
+        })
+        .collect();
+    writes.sort_by_key(|e| e.stage_timestamp);
+    for e in writes {
+        let holder = e
+            .request_object
+            .as_ref()
+            .and_then(|o| o["spec"]["holderIdentity"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        if terms.last().is_none_or(|t| t.holder != holder) {
+            terms.push(Acquisition {
+                holder,
+                at: e.stage_timestamp,
+            });
+        }
+    }
+    terms
+}
+
+/// Successful writes to MyResource status or ConfigMaps in `namespace` by a replica that did
+/// not hold the Lease when the write reached the API server: a replica's write after
+/// another replica acquired the Lease and before it next acquired it itself.
+pub fn overlapping_writes<'a>(
+    events: &'a [AuditEvent],
+    namespace: &str,
+    terms: &[Acquisition],
+) -> Vec<&'a AuditEvent> {
+    events
+        .iter()
+        .filter(|e| e.is_write() && e.succeeded() && e.namespace() == namespace)
+        .filter(|e| {
+            let o = e.object_ref.clone().unwrap_or_default();
+            (o.resource == "myresources" && o.subresource == "status") || o.resource == "configmaps"
+        })
+        .filter(|e| {
+            let Some(replica) = e.replica() else {
+                return false;
+            };
+            // The holder at the time the write was received.
+            let holder = terms
+                .iter()
+                .take_while(|t| t.at <= e.request_received_timestamp)
+                .last()
+                .map(|t| t.holder.as_str());
+            holder != Some(replica)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(
+        verb: &str,
+        ua: &str,
+        resource: &str,
+        sub: &str,
+        at: &str,
+        holder: Option<&str>,
+    ) -> AuditEvent {
+        serde_json::from_value(json!({
+            "verb": verb, "user": {"username": "u"}, "userAgent": ua, "stage": "ResponseComplete",
+            "objectRef": {"resource": resource, "subresource": sub, "namespace": "ns", "name": "n"},
+            "responseStatus": {"code": 200},
+            "requestReceivedTimestamp": at, "stageTimestamp": at,
+            "requestObject": holder.map(|h| json!({"spec": {"holderIdentity": h}})),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_write_after_another_replica_acquired_is_an_overlap() {
+        let ua = |id: &str| format!("myresource-operator/0.1.0 ({id})");
+        let events = vec![
+            event(
+                "update",
+                &ua("a"),
+                "leases",
+                "",
+                "2026-01-01T00:00:00Z",
+                Some("a"),
+            ),
+            event(
+                "update",
+                &ua("a"),
+                "leases",
+                "",
+                "2026-01-01T00:00:02Z",
+                Some("a"),
+            ),
+            event(
+                "patch",
+                &ua("a"),
+                "myresources",
+                "status",
+                "2026-01-01T00:00:03Z",
+                None,
+            ),
+            event(
+                "update",
+                &ua("b"),
+                "leases",
+                "",
+                "2026-01-01T00:00:10Z",
+                Some("b"),
+            ),
+            event(
+                "patch",
+                &ua("b"),
+                "configmaps",
+                "",
+                "2026-01-01T00:00:11Z",
+                None,
+            ),
+            // a, deposed, writes after b acquired: an overlap.
+            event(
+                "patch",
+                &ua("a"),
+                "configmaps",
+                "",
+                "2026-01-01T00:00:12Z",
+                None,
+            ),
+        ];
+        let terms = acquisitions(&events, "ns", "n");
+        assert_eq!(
+            terms.iter().map(|t| t.holder.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        let overlaps = overlapping_writes(&events, "ns", &terms);
+        assert_eq!(overlaps.len(), 1);
+        assert_eq!(overlaps[0].replica(), Some("a"));
+    }
 }

@@ -414,13 +414,20 @@ async fn establish_crd(client: &Client, crd: &CustomResourceDefinition) -> Resul
 }
 
 /// The audit policy: writes, lists and watches of the resources the operator touches, at
-/// Metadata level (user, user agent, verb, object, response code, timestamps).
+/// Metadata level (user, user agent, verb, object, response code, timestamps); Lease writes
+/// at Request level, so the log tells who each write names as holder.
 fn audit_policy() -> serde_json::Value {
+    let writes = ["create", "update", "patch", "delete", "deletecollection"];
     json!({
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
         "omitStages": ["RequestReceived"],
         "rules": [
+            {
+                "level": "Request",
+                "verbs": writes,
+                "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]
+            },
             {
                 "level": "Metadata",
                 "verbs": ["create", "update", "patch", "delete", "deletecollection", "list", "watch"],

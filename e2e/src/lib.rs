@@ -5,6 +5,7 @@
 //! - [`pki`]: the throwaway CA and certificates;
 //! - [`cluster`]: starting and stopping one control plane in a folder;
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
+//! - [`proxy`]: a loopback TCP proxy that tests cut to partition a replica;
 //! - [`harness`]: one shared control plane per test binary, a namespace per test;
 //! - [`operator`]: the operator binary run as a real process;
 //! - [`audit`]: reading the audit log the tests use as ground truth;
@@ -17,4 +18,5 @@ pub mod harness;
 pub mod operator;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 pub mod wait;
