@@ -22,7 +22,7 @@ pub enum Command {
     /// Print the MyResource CustomResourceDefinition (YAML) and exit.
     Crd,
     /// Run the operator.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Args, Debug, Clone)]

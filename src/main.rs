@@ -33,7 +33,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            match runtime.block_on(run(args)) {
+            match runtime.block_on(run(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     error!("{err:#}");
