@@ -1,0 +1,390 @@
+//! Three replicas as real processes: one leader at a time, failover on SIGKILL, a fast
+//! handover on SIGTERM with no LIST and no write at takeover, fencing of a frozen or
+//! partitioned leader (proven from the audit log), and ten leader kills under a workload.
+//! Lease timings are the test defaults: 4 s / 3 s / 1 s.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use e2e::audit;
+use e2e::harness::{self, TestEnv};
+use e2e::operator::{Operator, wait_for_log};
+use e2e::proxy::Proxy;
+use e2e::wait::poll;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use myresource_operator::resource::{MyResource, MyResourceSpec};
+use serde_json::json;
+
+const LEASE_DURATION: Duration = Duration::from_secs(4);
+const RETRY_PERIOD: Duration = Duration::from_secs(1);
+
+async fn start_replicas(env: &TestEnv, names: &[&str]) -> Result<Vec<Operator>> {
+    let mut replicas = Vec::new();
+    for name in names {
+        replicas.push(Operator::start(env.operator_config(name, &[]))?);
+    }
+    for r in &mut replicas {
+        r.wait_ready().await?;
+    }
+    Ok(replicas)
+}
+
+/// Waits until the Lease names a replica other than `not`, and returns its index.
+async fn wait_for_leader(env: &TestEnv, replicas: &[Operator], not: Option<&str>) -> Result<usize> {
+    poll("a leader", Duration::from_secs(30), || async {
+        let holder = env.lease_holder().await?.unwrap_or_default();
+        Ok(replicas
+            .iter()
+            .position(|r| r.config.identity == holder && Some(holder.as_str()) != not))
+    })
+    .await
+}
+
+async fn create(env: &TestEnv, count: usize, message: &str) -> Result<()> {
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    for i in 0..count {
+        let mr = MyResource::new(
+            &format!("o{i}"),
+            MyResourceSpec {
+                message: message.into(),
+                some_value: i as i32,
+            },
+        );
+        mrs.create(&PostParams::default(), &mr).await?;
+    }
+    Ok(())
+}
+
+async fn set_message(env: &TestEnv, name: &str, message: &str) -> Result<()> {
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    mrs.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"message": message}})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Whether every MyResource has observedGeneration == generation and a matching ConfigMap.
+async fn all_converged(env: &TestEnv) -> Result<bool> {
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let configmaps = cms.list(&Default::default()).await?;
+    for mr in mrs.list(&Default::default()).await? {
+        let name = mr.metadata.name.clone().unwrap_or_default();
+        let observed = mr.status.as_ref().and_then(|s| s.observed_generation);
+        let cm = configmaps
+            .items
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(&name));
+        let data = cm.and_then(|c| c.data.clone()).unwrap_or_default();
+        if observed != mr.metadata.generation
+            || data.get("message") != Some(&mr.spec.message)
+            || data.get("someValue") != Some(&mr.spec.some_value.to_string())
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+async fn wait_converged(env: &TestEnv, limit: Duration) -> Result<()> {
+    poll("every object to converge", limit, || async {
+        Ok(all_converged(env).await?.then_some(()))
+    })
+    .await
+}
+
+/// The timestamp of a JSON log line.
+fn at(line: &serde_json::Value) -> Timestamp {
+    line["timestamp"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("log lines carry a timestamp")
+}
+
+fn overlaps(env: &TestEnv) -> Result<Vec<String>> {
+    let events = audit::read(env.shared.audit_log.as_ref().expect("local cluster"))?;
+    let terms = audit::acquisitions(&events, &env.namespace, "myresource-operator");
+    Ok(audit::overlapping_writes(&events, &env.namespace, &terms)
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{} {} {:?} at {}",
+                e.user_agent, e.verb, e.object_ref, e.request_received_timestamp
+            )
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn one_leader_at_a_time_and_sigkill_failover() -> Result<()> {
+    let env = harness::setup("kill").await?;
+    create(&env, 3, "before").await?;
+    let mut replicas = start_replicas(&env, &["a", "b", "c"]).await?;
+    let leader = wait_for_leader(&env, &replicas, None).await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+
+    // Exactly one replica has ever acquired the Lease, and it is the holder.
+    let sample_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < sample_until {
+        let acquired: Vec<_> = replicas
+            .iter()
+            .filter(|r| r.log().contains("acquired the Lease"))
+            .map(|r| r.config.identity.clone())
+            .collect();
+        assert_eq!(acquired, vec![replicas[leader].config.identity.clone()]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let old = replicas[leader].config.identity.clone();
+    replicas[leader].kill();
+    let killed = Instant::now();
+    set_message(&env, "o1", "after the kill").await?;
+    wait_converged(&env, Duration::from_secs(30)).await?;
+    let failover = killed.elapsed();
+    let bound = LEASE_DURATION + RETRY_PERIOD + Duration::from_secs(1);
+    eprintln!("SIGKILL failover to a reconciled change: {failover:?} (bound {bound:?})");
+    assert!(
+        failover <= bound,
+        "failover took {failover:?}, more than {bound:?}"
+    );
+    let new = wait_for_leader(&env, &replicas, Some(&old)).await?;
+    assert_ne!(new, leader);
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_hands_over_fast_with_no_list_and_no_write() -> Result<()> {
+    let env = harness::setup("term").await?;
+    create(&env, 5, "steady").await?;
+    let mut replicas = start_replicas(&env, &["a", "b", "c"]).await?;
+    let leader = wait_for_leader(&env, &replicas, None).await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+
+    let old = replicas[leader].config.identity.clone();
+    replicas[leader].stop();
+    let exited = Timestamp::now();
+    assert!(replicas[leader].log().contains("released the Lease"));
+    let new = wait_for_leader(&env, &replicas, Some(&old)).await?;
+    let first = wait_for_log(
+        &replicas[new],
+        "the new leader's first reconcile",
+        Duration::from_secs(10),
+        |l| l["message"] == "reconciled",
+    )
+    .await?;
+    let handover = at(&first).duration_since(exited);
+    eprintln!("SIGTERM handover: old leader exited → new leader's first reconcile in {handover:?}");
+    assert!(handover.as_secs_f64() <= 1.0, "handover took {handover:?}");
+
+    // Let the new leader reconcile every key, then read what it did after acquiring.
+    for i in 0..5 {
+        let key = format!("{}/o{i}", env.namespace);
+        wait_for_log(&replicas[new], &key, Duration::from_secs(10), |l| {
+            l["message"] == "reconciled" && l["myresource"] == key.as_str()
+        })
+        .await?;
+    }
+    let events = audit::read(env.shared.audit_log.as_ref().unwrap())?;
+    let terms = audit::acquisitions(&events, &env.namespace, "myresource-operator");
+    let new_id = replicas[new].config.identity.clone();
+    let acquired = terms
+        .iter()
+        .find(|t| t.holder == new_id)
+        .expect("the new leader's term is in the audit log")
+        .at;
+    let after: Vec<_> = events
+        .iter()
+        .filter(|e| {
+            e.replica() == Some(new_id.as_str()) && e.request_received_timestamp >= acquired
+        })
+        .filter(|e| e.verb == "list" || (e.is_write() && e.resource() != "leases"))
+        .map(|e| format!("{} {:?}", e.verb, e.object_ref))
+        .collect();
+    assert!(
+        after.is_empty(),
+        "the new leader listed or wrote at takeover: {after:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_frozen_leader_writes_nothing_after_takeover_and_stays_a_follower() -> Result<()> {
+    let env = harness::setup("freeze").await?;
+    create(&env, 5, "v0").await?;
+    let mut replicas = start_replicas(&env, &["a", "b"]).await?;
+    let leader = wait_for_leader(&env, &replicas, None).await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+    let old = replicas[leader].config.identity.clone();
+
+    replicas[leader].process.signal(libc::SIGSTOP);
+    // Changes while it is frozen: its caches will show them when it wakes.
+    for i in 0..5 {
+        set_message(&env, &format!("o{i}"), "v1").await?;
+    }
+    let new = wait_for_leader(&env, &replicas, Some(&old)).await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+    tokio::time::sleep(LEASE_DURATION).await; // frozen well past the lease duration
+    for i in 0..5 {
+        set_message(&env, &format!("o{i}"), "v2").await?;
+    }
+    replicas[leader].process.signal(libc::SIGCONT);
+    wait_for_log(
+        &replicas[leader],
+        "the old leader to step down",
+        Duration::from_secs(10),
+        |l| l["message"] == "lost leadership: stopping workers, staying a follower",
+    )
+    .await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+    assert!(
+        replicas[leader].process.is_running(),
+        "the old leader must stay up as a follower"
+    );
+    assert_eq!(
+        env.lease_holder().await?.as_deref(),
+        Some(replicas[new].config.identity.as_str())
+    );
+    let overlaps = overlaps(&env)?;
+    assert!(
+        overlaps.is_empty(),
+        "writes after another replica acquired: {overlaps:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_partitioned_leader_steps_down_in_time_and_rejoins() -> Result<()> {
+    let env = harness::setup("partition").await?;
+    create(&env, 5, "v0").await?;
+    let apiserver = env.shared.server.trim_start_matches("https://").parse()?;
+    let proxy = Proxy::start(apiserver).await?;
+    let mut config = env.operator_config("cut", &[]);
+    config.kubeconfig = env.kubeconfig_via(proxy.addr, "cut")?;
+    let mut cut = Operator::start(config)?;
+    cut.wait_ready().await?;
+    poll(
+        "the proxied replica to lead",
+        Duration::from_secs(20),
+        || async {
+            Ok(
+                (env.lease_holder().await?.as_deref() == Some(cut.config.identity.as_str()))
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let mut other = env.start_operator("other", &[]).await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+
+    proxy.block();
+    let blocked = Timestamp::now();
+    for i in 0..5 {
+        set_message(&env, &format!("o{i}"), "v1").await?;
+    }
+    let lost = wait_for_log(
+        &cut,
+        "the cut-off leader to step down",
+        Duration::from_secs(15),
+        |l| l["message"] == "lost leadership: stopping workers, staying a follower",
+    )
+    .await?;
+    let stepped_down = at(&lost).duration_since(blocked);
+    eprintln!(
+        "partitioned leader stepped down {stepped_down:?} after the cut (renew deadline 3 s)"
+    );
+    assert!(
+        stepped_down.as_secs_f64() <= 3.5,
+        "stepped down after {stepped_down:?}"
+    );
+    poll(
+        "the other replica to lead",
+        Duration::from_secs(20),
+        || async {
+            Ok(
+                (env.lease_holder().await?.as_deref() == Some(other.config.identity.as_str()))
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+
+    proxy.heal();
+    for i in 0..5 {
+        set_message(&env, &format!("o{i}"), "v2").await?;
+    }
+    wait_converged(&env, Duration::from_secs(20)).await?;
+    // Rejoined: up, ready (caches re-synced through the healed proxy), and a follower.
+    cut.wait_ready().await?;
+    assert!(cut.process.is_running() && other.process.is_running());
+    assert_eq!(
+        env.lease_holder().await?.as_deref(),
+        Some(other.config.identity.as_str())
+    );
+    let overlaps = overlaps(&env)?;
+    assert!(
+        overlaps.is_empty(),
+        "writes after another replica acquired: {overlaps:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn ten_leader_kills_under_a_workload_lose_nothing() -> Result<()> {
+    let env = harness::setup("tenkills").await?;
+    create(&env, 100, "g0").await?;
+    let mut replicas = start_replicas(&env, &["r0", "r1", "r2"]).await?;
+    wait_for_leader(&env, &replicas, None).await?;
+
+    let workload = {
+        let client = env.client.clone();
+        let namespace = env.namespace.clone();
+        tokio::spawn(async move {
+            let mrs: Api<MyResource> = Api::namespaced(client, &namespace);
+            // Bounded: at most 2,000 updates, 20 per second.
+            for n in 0..2_000u32 {
+                let patch = Patch::Merge(json!({"spec": {"message": format!("g{n}")}}));
+                let _ = mrs
+                    .patch(&format!("o{}", n % 100), &PatchParams::default(), &patch)
+                    .await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    let mut generation = 0;
+    let mut last_kill = Instant::now();
+    for kill in 0..10 {
+        let leader = wait_for_leader(&env, &replicas, None).await?;
+        // Let the leader do some work before it dies.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        replicas[leader].kill();
+        last_kill = Instant::now();
+        generation += 1;
+        let name = format!("r{leader}-{generation}");
+        let mut replacement = Operator::start(env.operator_config(&name, &[]))?;
+        replacement.wait_ready().await?;
+        replicas[leader] = replacement;
+        eprintln!("kill {} done", kill + 1);
+    }
+    workload.abort();
+    let limit = LEASE_DURATION + Duration::from_secs(5);
+    let remaining = limit.saturating_sub(last_kill.elapsed());
+    if remaining.is_zero() {
+        bail!("no time left to converge");
+    }
+    wait_converged(&env, remaining).await?;
+    eprintln!("converged {:?} after the last kill", last_kill.elapsed());
+    let overlaps = overlaps(&env)?;
+    assert!(
+        overlaps.is_empty(),
+        "writes after another replica acquired: {overlaps:?}"
+    );
+    Ok(())
+}
