@@ -61,6 +61,7 @@ pub struct Cluster {
     /// A user with no group and no RBAC grants.
     pub user_kubeconfig: PathBuf,
     pub audit_log: PathBuf,
+    lifetime: Lifetime,
     pki: Pki,
     processes: Vec<Process>,
 }
@@ -86,6 +87,7 @@ impl Cluster {
             audit_log: dir.join("audit.log"),
             dir,
             server,
+            lifetime: config.lifetime,
             pki,
             processes: Vec::new(),
         };
@@ -116,13 +118,13 @@ impl Cluster {
             &user,
         )?;
 
-        let etcd_url = self.start_etcd(bin, config.lifetime)?;
+        let etcd_url = self.start_etcd(bin)?;
         self.start_apiserver(bin, config, port, &etcd_url)?;
         let client = self.wait_for_apiserver().await?;
         for crd in &config.crds {
             establish_crd(&client, crd).await?;
         }
-        self.start_controller_manager(bin, config.lifetime)?;
+        self.start_controller_manager(bin)?;
         self.wait_until(
             "the default ServiceAccount (serviceaccount controller)",
             || {
@@ -133,7 +135,7 @@ impl Cluster {
         .await
     }
 
-    fn start_etcd(&mut self, bin: &Binaries, lifetime: Lifetime) -> Result<String> {
+    fn start_etcd(&mut self, bin: &Binaries) -> Result<String> {
         let client_url = format!("http://127.0.0.1:{}", free_port()?);
         let peer_url = format!("http://127.0.0.1:{}", free_port()?);
         let mut cmd = Command::new(&bin.etcd);
@@ -149,7 +151,7 @@ impl Cluster {
             .arg(format!("--initial-cluster=etcd0={peer_url}"))
             .arg("--unsafe-no-fsync=true")
             .arg("--log-level=warn");
-        self.spawn("etcd", cmd, lifetime)?;
+        self.spawn("etcd", cmd)?;
         let addr: SocketAddr = client_url.trim_start_matches("http://").parse()?;
         let deadline = Instant::now() + Duration::from_secs(60);
         while !etcd_healthy(addr) {
@@ -213,7 +215,7 @@ impl Cluster {
             std::fs::write(&tracing, serde_json::to_vec_pretty(&doc)?)?;
             cmd.arg(format!("--tracing-config-file={}", tracing.display()));
         }
-        self.spawn("kube-apiserver", cmd, config.lifetime)
+        self.spawn("kube-apiserver", cmd)
     }
 
     async fn wait_for_apiserver(&mut self) -> Result<Client> {
@@ -237,7 +239,7 @@ impl Cluster {
         Ok(client)
     }
 
-    fn start_controller_manager(&mut self, bin: &Binaries, lifetime: Lifetime) -> Result<()> {
+    fn start_controller_manager(&mut self, bin: &Binaries) -> Result<()> {
         let mut cmd = Command::new(&bin.kube_controller_manager);
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg("--leader-elect=false")
@@ -245,13 +247,16 @@ impl Cluster {
             .arg(format!("--controllers={CONTROLLERS}"))
             .arg("--kube-api-qps=200")
             .arg("--kube-api-burst=400");
-        self.spawn("kube-controller-manager", cmd, lifetime)
+        self.spawn("kube-controller-manager", cmd)
     }
 
-    fn spawn(&mut self, name: &str, cmd: Command, lifetime: Lifetime) -> Result<()> {
+    /// Starts a process that belongs to this cluster: it logs to `DIR/<name>.log`, is
+    /// recorded for `cluster down`, and is stopped (before the control plane) by
+    /// [`Cluster::stop`].
+    pub fn spawn(&mut self, name: &str, cmd: Command) -> Result<()> {
         let log = self.dir.join(format!("{name}.log"));
         self.processes
-            .push(process::spawn(name, cmd, &log, lifetime)?);
+            .push(process::spawn(name, cmd, &log, self.lifetime)?);
         let record = Record {
             server: self.server.clone(),
             processes: self

@@ -93,6 +93,7 @@ impl TestEnv {
                 .join("target/e2e-logs")
                 .join(std::process::id().to_string()),
             extra_args: args,
+            binary: None,
         }
     }
 }

@@ -26,12 +26,17 @@ pub fn workspace_root() -> PathBuf {
 pub fn binary() -> Result<PathBuf> {
     static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BINARY
-        .get_or_init(|| build().map_err(|e| format!("{e:#}")))
+        .get_or_init(|| build(false).map_err(|e| format!("{e:#}")))
         .clone()
         .map_err(|e| anyhow!("building the operator: {e}"))
 }
 
-fn build() -> Result<PathBuf> {
+/// Builds the operator binary with the release profile (for benchmarks).
+pub fn release_binary() -> Result<PathBuf> {
+    build(true)
+}
+
+fn build(release: bool) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(workspace_root())
@@ -44,6 +49,7 @@ fn build() -> Result<PathBuf> {
             "myresource-operator",
             "--message-format=json",
         ])
+        .args(release.then_some("--release"))
         .output()
         .context("running cargo build")?;
     if !out.status.success() {
@@ -70,6 +76,8 @@ pub struct OperatorConfig {
     pub log_dir: PathBuf,
     /// More flags, e.g. lease timings.
     pub extra_args: Vec<String>,
+    /// The binary to run; the debug build when `None`.
+    pub binary: Option<PathBuf>,
 }
 
 /// A running replica.
@@ -88,7 +96,11 @@ impl Operator {
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         std::fs::create_dir_all(&config.log_dir)?;
         let log = config.log_dir.join(format!("{}.log", config.identity));
-        let mut cmd = Command::new(binary()?);
+        let binary = match &config.binary {
+            Some(path) => path.clone(),
+            None => binary()?,
+        };
+        let mut cmd = Command::new(binary);
         cmd.arg("run")
             .arg(format!("--kubeconfig={}", config.kubeconfig.display()))
             .arg(format!("--identity={}", config.identity))
@@ -150,6 +162,11 @@ impl Operator {
     /// The user agent this replica sends (and the audit log records).
     pub fn user_agent(&self) -> String {
         format!("myresource-operator/0.1.0 ({})", self.config.identity)
+    }
+
+    /// Resident memory in bytes (VmRSS).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        crate::process::rss_bytes(self.process.pid)
     }
 
     /// SIGTERM, SIGKILL after 10 s; returns once it has exited.

@@ -209,3 +209,16 @@ pub fn processes_under(dir: &Path) -> Vec<(u32, PathBuf)> {
         })
         .collect()
 }
+
+/// Resident memory of a process in bytes (VmRSS from /proc).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}

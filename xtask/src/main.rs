@@ -11,10 +11,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod bench;
+mod demo;
 use e2e::cluster::{self, Cluster, ClusterConfig};
 use e2e::process::{Lifetime, processes_under};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Tasks for myresource-operator")]
@@ -36,8 +37,15 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_args: Vec<String>,
     },
-    /// The demo: a local control plane that answers, end to end.
-    Demo,
+    /// Measure latency, cold start, memory, failover, handover and takeover; writes
+    /// target/bench/report.{json,md}.
+    Bench(bench::BenchArgs),
+    /// The demo: control plane, CRD, three replicas, the tutorial's example, a leader kill.
+    Demo {
+        /// Leave everything running and print how to reach it.
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -93,7 +101,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Task::Test { cargo_args } => test(&cargo_args),
-        Task::Demo => runtime.block_on(demo()),
+        Task::Bench(args) => runtime.block_on(bench::run(&workspace_root(), args)),
+        Task::Demo { keep } => runtime.block_on(demo::run(&workspace_root(), keep)),
     }
 }
 
@@ -123,65 +132,43 @@ async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>) -> Result<()> {
 fn test(cargo_args: &[String]) -> Result<()> {
     let use_existing = std::env::var("USE_EXISTING_CLUSTER").is_ok_and(|v| v == "true");
     if !use_existing {
-        // Build (or find) the control plane once, up front, with visible progress.
+        // Build (or find) the control plane and kubectl once, up front, with visible progress.
         e2e::binaries::ensure()?;
+        e2e::binaries::kubectl()?;
     }
-    let leftovers_before = processes_under(&e2e::binaries::controlplane_cache());
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let before = leftovers();
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo
         .current_dir(workspace_root())
         .args(["test", "--workspace"])
-        .args(cargo_args)
-        .status()
-        .context("running cargo test")?;
-    let leftovers: Vec<_> = processes_under(&e2e::binaries::controlplane_cache())
-        .into_iter()
-        .filter(|p| !leftovers_before.contains(p))
-        .collect();
-    if !leftovers.is_empty() {
-        bail!("control-plane processes outlived the test run: {leftovers:?}");
+        .args(cargo_args);
+    if std::env::var_os("RUST_TEST_THREADS").is_none() {
+        // End-to-end tests mostly wait on the API server: run more of them at once than
+        // there are cores.
+        cargo.env("RUST_TEST_THREADS", "8");
     }
-    eprintln!("no control-plane process outlived the test run");
+    let status = cargo.status().context("running cargo test")?;
+    let left: Vec<_> = leftovers()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    if !left.is_empty() {
+        bail!("processes outlived the test run: {left:?}");
+    }
+    eprintln!("no control-plane or operator process outlived the test run");
     if !status.success() {
         bail!("cargo test failed ({status})");
     }
     Ok(())
 }
 
-async fn demo() -> Result<()> {
-    let dir = workspace_root().join("target").join("demo");
-    let started = Instant::now();
-    println!("==> starting a local control plane in {}", dir.display());
-    let mut cluster = Cluster::start(ClusterConfig {
-        dir,
-        otlp_endpoint: None,
-        lifetime: Lifetime::TiedToThisProcess,
-        crds: Vec::new(),
-    })
-    .await?;
-    let result = demo_steps(&cluster, started).await;
-    println!("==> stopping the control plane");
-    cluster.stop();
-    result
-}
-
-async fn demo_steps(cluster: &Cluster, started: Instant) -> Result<()> {
-    println!(
-        "    ready at {} after {:.1} s",
-        cluster.server,
-        started.elapsed().as_secs_f64()
+/// Running control-plane binaries of ours and operator processes built in this workspace.
+fn leftovers() -> Vec<(u32, PathBuf)> {
+    let mut found = processes_under(&e2e::binaries::controlplane_cache());
+    found.extend(
+        processes_under(&workspace_root().join("target"))
+            .into_iter()
+            .filter(|(_, exe)| exe.file_name().is_some_and(|n| n == "myresource-operator")),
     );
-    let client = cluster.client().await?;
-    let version = client.apiserver_version().await?;
-    println!(
-        "==> the API server answers: Kubernetes {}",
-        version.git_version
-    );
-    println!("==> namespaces:");
-    for ns in Api::<Namespace>::all(client)
-        .list(&Default::default())
-        .await?
-    {
-        println!("    {}", ns.metadata.name.unwrap_or_default());
-    }
-    Ok(())
+    found
 }

@@ -1,0 +1,330 @@
+//! `cargo xtask demo`: the main job end to end, narrated.
+//!
+//! A local control plane, the CRD, three replicas, the tutorial's example and a few labelled
+//! Pods, `kubectl get myr`, who leads; then the leader is killed with SIGKILL and the demo
+//! shows the new leader, the reconcile that followed and the measured failover time.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use e2e::cluster::{Cluster, ClusterConfig};
+use e2e::process::Lifetime;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use myresource_operator::resource::MyResource;
+
+const REPLICAS: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
+const LEASE: &str = "myresource-operator";
+
+const TUTORIAL_EXAMPLE: &str = "apiVersion: trstringer.com/v1
+kind: MyResource
+metadata:
+  name: example-myresource
+spec:
+  message: hello world
+  someValue: 13
+";
+
+pub async fn run(root: &Path, keep: bool) -> Result<()> {
+    let started = Instant::now();
+    let dir = root.join("target").join("demo");
+    step("building the operator and finding (or building) the control plane");
+    let operator = e2e::operator::binary()?;
+    let kubectl = e2e::binaries::kubectl()?;
+    step(&format!(
+        "starting a local control plane in {}",
+        dir.display()
+    ));
+    let mut cluster = Cluster::start(ClusterConfig {
+        dir,
+        otlp_endpoint: None,
+        lifetime: if keep {
+            Lifetime::Detached
+        } else {
+            Lifetime::TiedToThisProcess
+        },
+        crds: Vec::new(),
+    })
+    .await?;
+    let result = demo(&mut cluster, root, &operator, &kubectl, started).await;
+    if result.is_ok() && keep {
+        println!("\nLeft running. Try:");
+        println!("  export KUBECONFIG={}", cluster.kubeconfig.display());
+        println!("  {} get myr", kubectl.display());
+        println!("Replica logs: {}/replica-*.log", cluster.dir.display());
+        println!(
+            "Stop it all: cargo xtask cluster down --dir {}",
+            cluster.dir.display()
+        );
+        return Ok(());
+    }
+    step("cleaning up");
+    cluster.stop();
+    result
+}
+
+async fn demo(
+    cluster: &mut Cluster,
+    root: &Path,
+    operator: &Path,
+    kubectl: &Path,
+    started: Instant,
+) -> Result<()> {
+    let kc = Kubectl {
+        path: kubectl.to_path_buf(),
+        kubeconfig: cluster.kubeconfig.clone(),
+    };
+    println!(
+        "    ready at {} ({:.1} s so far)",
+        cluster.server,
+        started.elapsed().as_secs_f64()
+    );
+
+    step("installing the CRD: kubectl apply -f deploy/crd.yaml");
+    kc.run(
+        &[
+            "apply",
+            "-f",
+            root.join("deploy/crd.yaml").to_str().unwrap(),
+        ],
+        None,
+    )?;
+    kc.run(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/myresources.trstringer.com",
+        ],
+        None,
+    )?;
+
+    step("starting three replicas (Lease timings: the defaults, 15 s / 10 s / 2 s)");
+    for name in REPLICAS {
+        let mut cmd = Command::new(operator);
+        cmd.arg("run")
+            .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+            .arg(format!("--identity={name}"))
+            .arg("--lease-namespace=default")
+            .arg("--metrics-addr=127.0.0.1:0")
+            .arg("--health-addr=127.0.0.1:0")
+            .arg("--log-format=json");
+        cluster.spawn(name, cmd)?;
+    }
+    let client = cluster.client().await?;
+    let leader = wait_for_leader(&client, None, Duration::from_secs(60)).await?;
+    println!("    {leader} leads; the other two are warm followers");
+
+    step("applying the tutorial's example and three labelled Pods (two of them Ready)");
+    kc.run(&["apply", "-f", "-"], Some(TUTORIAL_EXAMPLE))?;
+    for i in 0..3 {
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: demo-pod-{i}\n  labels:\n    trstringer.com/myresource: example-myresource\nspec:\n  containers:\n  - name: app\n    image: registry.invalid/app\n"
+        );
+        kc.run(&["apply", "-f", "-"], Some(&pod))?;
+    }
+    for i in 0..2 {
+        let ready = r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#;
+        kc.run(
+            &[
+                "patch",
+                &format!("pod/demo-pod-{i}"),
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                ready,
+            ],
+            None,
+        )?;
+    }
+    wait_for(&client, Duration::from_secs(30), |mr| {
+        mr.status
+            .as_ref()
+            .and_then(|s| s.pods)
+            .is_some_and(|p| p.total == 3 && p.ready == 2)
+    })
+    .await?;
+    step("kubectl get myr");
+    kc.show(&["get", "myr"])?;
+    step("kubectl get configmap example-myresource (owned by the MyResource)");
+    kc.show(&[
+        "get",
+        "configmap",
+        "example-myresource",
+        "-o",
+        "jsonpath={.data}{\"\\n\"}",
+    ])?;
+    step("who leads: kubectl get lease myresource-operator");
+    kc.show(&[
+        "get",
+        "lease",
+        LEASE,
+        "-o",
+        "custom-columns=HOLDER:.spec.holderIdentity,TRANSITIONS:.spec.leaseTransitions",
+    ])?;
+
+    step(&format!(
+        "killing the leader {leader} with SIGKILL, then changing the spec"
+    ));
+    let killed = Instant::now();
+    let process = cluster.process(&leader).context("leader process")?;
+    process.signal(libc::SIGKILL);
+    process.wait_for_exit(Duration::from_secs(10));
+    kc.run(
+        &[
+            "patch",
+            "myr/example-myresource",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"message":"hello again","someValue":14}}"#,
+        ],
+        None,
+    )?;
+    let new_leader = wait_for_leader(&client, Some(&leader), Duration::from_secs(60)).await?;
+    let took_over = killed.elapsed();
+    wait_for(&client, Duration::from_secs(60), |mr| {
+        mr.spec.message == "hello again"
+            && mr.status.as_ref().and_then(|s| s.observed_generation) == mr.metadata.generation
+    })
+    .await?;
+    let reconciled = killed.elapsed();
+    println!(
+        "    {new_leader} took over {:.1} s after the kill (lease duration 15 s)",
+        took_over.as_secs_f64()
+    );
+    println!(
+        "    the change made after the kill was reconciled {:.1} s after the kill",
+        reconciled.as_secs_f64()
+    );
+    step(&format!("what {new_leader} logged about it"));
+    let log = std::fs::read_to_string(cluster.dir.join(format!("{new_leader}.log")))?;
+    for line in log.lines().filter(|l| {
+        l.contains("acquired the Lease")
+            || l.contains("ConfigMap updated")
+            || l.contains("enqueuing every cached")
+    }) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        println!(
+            "    {} {}",
+            v["timestamp"].as_str().unwrap_or(""),
+            v["message"].as_str().unwrap_or(line)
+        );
+    }
+    kc.show(&["get", "myr"])?;
+    kc.show(&[
+        "get",
+        "configmap",
+        "example-myresource",
+        "-o",
+        "jsonpath={.data}{\"\\n\"}",
+    ])?;
+    println!(
+        "\ndemo finished in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn step(text: &str) {
+    println!("==> {text}");
+}
+
+struct Kubectl {
+    path: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.path);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args);
+        cmd
+    }
+
+    /// Runs quietly; fails with kubectl's stderr.
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<()> {
+        let mut child = self
+            .command(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running kubectl")?;
+        if let Some(input) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("piped")
+                .write_all(input.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs with its output shown, indented.
+    fn show(&self, args: &[&str]) -> Result<()> {
+        let out = self.command(args).output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            println!("    {line}");
+        }
+        Ok(())
+    }
+}
+
+async fn wait_for_leader(client: &Client, not: Option<&str>, limit: Duration) -> Result<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    e2e::wait::poll("a leader", limit, || {
+        let leases = leases.clone();
+        async move {
+            let holder = leases
+                .get_opt(LEASE)
+                .await?
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity)
+                .filter(|h| !h.is_empty() && Some(h.as_str()) != not);
+            Ok(holder)
+        }
+    })
+    .await
+}
+
+async fn wait_for(
+    client: &Client,
+    limit: Duration,
+    done: impl Fn(&MyResource) -> bool,
+) -> Result<()> {
+    let mrs: Api<MyResource> = Api::namespaced(client.clone(), "default");
+    e2e::wait::poll("the example to be reconciled", limit, || {
+        let mrs = mrs.clone();
+        let done = &done;
+        async move {
+            Ok(mrs
+                .get_opt("example-myresource")
+                .await?
+                .filter(|m| done(m))
+                .map(|_| ()))
+        }
+    })
+    .await
+}
