@@ -35,9 +35,10 @@ use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::fence::Fence;
+use crate::metrics::{self, NameLabels};
 
 /// Lease timings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,8 +309,18 @@ pub struct Driver {
 }
 
 impl Driver {
+    fn set_status(&self, leading: bool) {
+        metrics::get()
+            .leader_status
+            .get_or_create(&NameLabels {
+                name: self.elector.name.clone(),
+            })
+            .set(i64::from(leading));
+    }
+
     /// Runs the election until `shutdown` fires; then releases the Lease if held.
     pub async fn run(mut self, shutdown: CancellationToken) {
+        self.set_status(false);
         loop {
             if shutdown.is_cancelled() {
                 break;
@@ -357,8 +368,17 @@ impl Driver {
         }
     }
 
-    /// One acquire or renew attempt, bounded in time.
+    /// One acquire or renew attempt, bounded in time (renewals are traced at debug level).
     async fn attempt(&mut self, renewing: bool) {
+        let span = if renewing {
+            debug_span!("leader_election.renew")
+        } else {
+            debug_span!("leader_election.try_acquire")
+        };
+        self.attempt_inner(renewing).instrument(span).await
+    }
+
+    async fn attempt_inner(&mut self, renewing: bool) {
         let started = Instant::now();
         let action = self.elector.next_action(started, Timestamp::now());
         let timings = self.elector.timings();
@@ -392,9 +412,16 @@ impl Driver {
                     self.fence.extend(until);
                 }
                 if new_term {
+                    let span = info_span!("leader_election", transition = "acquired", identity = self.elector.identity(), lease = %self.elector.name);
+                    let _entered = span.enter();
                     info!(identity = self.elector.identity(), lease = %self.elector.name, "acquired the Lease: leading");
+                    metrics::get().leadership_transitions.inc();
+                    self.set_status(true);
                     self.role.send_replace(Role::Leader);
                 } else {
+                    metrics::get()
+                        .lease_renew_seconds
+                        .observe(started.elapsed().as_secs_f64());
                     debug!(took = ?started.elapsed(), "renewed the Lease");
                 }
             }
@@ -483,21 +510,27 @@ impl Driver {
     async fn release(&mut self) {
         let was_leader = self.role_is(Role::Leader);
         self.fence.revoke();
+        self.set_status(false);
         self.role.send_replace(Role::Follower);
         if !was_leader {
             return;
         }
+        let span = info_span!(
+            "leader_election",
+            transition = "released",
+            identity = self.elector.identity()
+        );
         let Some(lease) = self.elector.release(Timestamp::now()) else {
             return;
         };
         let limit = self.elector.timings().retry_period;
-        match tokio::time::timeout(
-            limit,
-            self.api
-                .replace(&self.elector.name, &PostParams::default(), &lease),
-        )
-        .await
-        {
+        let params = PostParams::default();
+        let request = self.api.replace(&self.elector.name, &params, &lease);
+        let result = tokio::time::timeout(limit, request)
+            .instrument(span.clone())
+            .await;
+        let _entered = span.enter();
+        match result {
             Ok(Ok(_)) => info!(identity = self.elector.identity(), "released the Lease"),
             Ok(Err(err)) => {
                 warn!(error = %err, "releasing the Lease failed; followers take over when it expires")

@@ -1,5 +1,6 @@
 //! HTTP endpoints: `/healthz` (the runtime answers), `/readyz` (caches synced; never "is
-//! leader", so followers are ready too).
+//! leader", so followers are ready too), and `/metrics` (Prometheus text, or OpenMetrics
+//! when the scraper asks for it).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,9 +16,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
-/// Answers one request path.
+/// Answers one request: its path and its Accept header.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, path: &str) -> (StatusCode, &'static str, String);
+    fn handle(&self, path: &str, accept: &str) -> (StatusCode, &'static str, String);
 }
 
 /// Binds `addr` and serves `handler` until the process ends; returns the bound address.
@@ -39,7 +40,12 @@ pub async fn serve(
             let handler = handler.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let (status, content_type, body) = handler.handle(req.uri().path());
+                    let accept = req
+                        .headers()
+                        .get(hyper::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default();
+                    let (status, content_type, body) = handler.handle(req.uri().path(), accept);
                     let response = Response::builder()
                         .status(status)
                         .header("content-type", content_type)
@@ -65,7 +71,7 @@ pub struct Health<F: Fn() -> bool + Send + Sync + 'static> {
 }
 
 impl<F: Fn() -> bool + Send + Sync + 'static> Handler for Health<F> {
-    fn handle(&self, path: &str) -> (StatusCode, &'static str, String) {
+    fn handle(&self, path: &str, _accept: &str) -> (StatusCode, &'static str, String) {
         match path {
             "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok".into()),
             "/readyz" if (self.ready)() => (StatusCode::OK, "text/plain", "ok".into()),
@@ -76,5 +82,24 @@ impl<F: Fn() -> bool + Send + Sync + 'static> Handler for Health<F> {
             ),
             _ => (StatusCode::NOT_FOUND, "text/plain", "not found".into()),
         }
+    }
+}
+
+/// `/metrics`.
+pub struct Metrics;
+
+impl Handler for Metrics {
+    fn handle(&self, path: &str, accept: &str) -> (StatusCode, &'static str, String) {
+        if path != "/metrics" {
+            return (StatusCode::NOT_FOUND, "text/plain", "not found".into());
+        }
+        let openmetrics = accept.contains("application/openmetrics-text");
+        let body = crate::metrics::get().encode(openmetrics);
+        let content_type = if openmetrics {
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        } else {
+            "text/plain; version=0.0.4; charset=utf-8"
+        };
+        (StatusCode::OK, content_type, body)
     }
 }

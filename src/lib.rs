@@ -20,6 +20,8 @@ pub mod election;
 pub mod endpoints;
 pub mod fence;
 pub mod key;
+pub mod kubeclient;
+pub mod metrics;
 pub mod queue;
 pub mod reconcile;
 pub mod resource;

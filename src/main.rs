@@ -1,20 +1,19 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use clap::Parser;
 use kube::Api;
-use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use myresource_operator::cli::{Cli, Command, RunArgs};
-use myresource_operator::controller::Controller;
+use myresource_operator::controller::{Controller, StateCollector};
 use myresource_operator::election::{Driver, Elector, Role};
 use myresource_operator::endpoints::{self, Health};
 use myresource_operator::fence::Fence;
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
 use myresource_operator::shard::Shards;
-use myresource_operator::{cache, resource, telemetry};
+use myresource_operator::{cache, kubeclient, metrics, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -22,63 +21,50 @@ use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let args = match cli.command {
         Command::Crd => {
             print!("{}", resource::crd_yaml());
-            ExitCode::SUCCESS
+            return ExitCode::SUCCESS;
         }
-        Command::Run(args) => {
-            if let Err(err) = telemetry::init(&args.log_level, args.log_format) {
+        Command::Run(args) => *args,
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(async {
+        let identity = args.identity();
+        let telemetry = match telemetry::init(
+            &args.log_level,
+            args.log_format,
+            telemetry::Identity { replica: &identity },
+        ) {
+            Ok(telemetry) => telemetry,
+            Err(err) => {
                 eprintln!("error: {err:#}");
                 return ExitCode::FAILURE;
             }
-            let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-            match runtime.block_on(run(*args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    error!("{err:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        };
+        let result = run(args, identity).await;
+        if let Err(err) = &result {
+            error!("{err:#}");
         }
-    }
+        telemetry.shutdown();
+        if result.is_ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    })
 }
 
-async fn kube_config(args: &RunArgs, identity: &str) -> Result<kube::Config> {
-    let mut config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-        }
-        None => kube::Config::infer().await.context(
-            "no Kubernetes configuration (--kubeconfig, KUBECONFIG, ~/.kube/config or in-cluster)",
-        )?,
-    };
-    let user_agent = format!(
-        "myresource-operator/{} ({identity})",
-        env!("CARGO_PKG_VERSION")
-    );
-    config.headers.push((
-        http::header::USER_AGENT,
-        user_agent
-            .parse()
-            .context("the identity is not a valid HTTP header value")?,
-    ));
-    Ok(config)
-}
-
-async fn run(args: RunArgs) -> Result<()> {
+async fn run(args: RunArgs, identity: String) -> Result<()> {
     let timings = args.timings().map_err(anyhow::Error::msg)?;
-    let identity = args.identity();
-    let config = kube_config(&args, &identity).await?;
+    let config = kubeclient::config(args.kubeconfig.as_deref(), &identity).await?;
     let lease_namespace = args.lease_namespace(&config.default_namespace);
-    let client = Client::try_from(config.clone())?;
+    let client = kubeclient::client(config.clone())?;
     // The election's client must not retry 429/503/504 on its own: a renew may never hang
     // past the renew deadline.
     let mut election_config = config;
     election_config.default_retry = false;
-    let election_client = Client::try_from(election_config)?;
+    let election_client = kubeclient::client(election_config)?;
     info!(
         %identity,
         namespaces = ?args.namespaces,
@@ -94,6 +80,11 @@ async fn run(args: RunArgs) -> Result<()> {
         Backoff::default(),
     )));
     let caches = cache::start(client.clone(), &args.namespaces, controller.clone());
+    metrics::get().register_collector(Box::new(StateCollector {
+        controller: controller.clone(),
+        caches: caches.clone(),
+    }));
+    endpoints::serve(args.metrics_addr, "metrics", Arc::new(endpoints::Metrics)).await?;
     let ready = caches.clone();
     endpoints::serve(
         args.health_addr,

@@ -41,10 +41,12 @@ impl Shard {
         self.queue.lock().expect("queue lock poisoned")
     }
 
-    fn add(&self, key: ObjectKey) {
-        if self.queue().add(key, Instant::now()) {
+    fn add(&self, key: ObjectKey) -> bool {
+        let added = self.queue().add(key, Instant::now());
+        if added {
             self.wake.notify_one();
         }
+        added
     }
 
     /// Waits for the next key; `None` when `cancel` fires first.
@@ -123,9 +125,9 @@ impl Shards {
         &self.shards[shard_of(key, self.shards.len())]
     }
 
-    /// Queues `key` on its shard.
-    pub fn add(&self, key: ObjectKey) {
-        self.shard(&key).add(key);
+    /// Queues `key` on its shard; false when it was already queued (or marked dirty).
+    pub fn add(&self, key: ObjectKey) -> bool {
+        self.shard(&key).add(key)
     }
 
     /// Drops every waiting key (leadership lost: the next leader starts from its own cache).
@@ -144,6 +146,19 @@ impl Shards {
                 q.depth() + q.delayed() + q.in_flight()
             })
             .sum()
+    }
+
+    /// Per shard: (ready keys, total seconds of unfinished work, longest running seconds).
+    pub fn snapshot(&self) -> Vec<(usize, f64, f64)> {
+        let now = Instant::now();
+        self.shards
+            .iter()
+            .map(|s| {
+                let q = s.queue();
+                let (sum, longest) = q.unfinished(now);
+                (q.depth(), sum.as_secs_f64(), longest.as_secs_f64())
+            })
+            .collect()
     }
 }
 

@@ -179,17 +179,6 @@ fn start() -> Result<Shared> {
     Ok(shared)
 }
 
-/// Runs `f` with the shared cluster (to restart a component, mint a kubeconfig …).
-pub fn with_cluster<T>(f: impl FnOnce(&mut Cluster) -> T) -> Result<T> {
-    let mut guard = CLUSTER
-        .lock()
-        .map_err(|_| anyhow!("cluster lock poisoned"))?;
-    let cluster = guard
-        .as_mut()
-        .ok_or_else(|| anyhow!("no local cluster (USE_EXISTING_CLUSTER=true?)"))?;
-    Ok(f(cluster))
-}
-
 extern "C" fn stop_at_exit() {
     let cluster = match CLUSTER.lock() {
         Ok(mut guard) => guard.take(),
