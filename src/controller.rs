@@ -24,7 +24,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::cache::{Sink, Trigger};
 use crate::key::ObjectKey;
 use crate::metrics::{
-    self, CONTROLLER, CONTROLLER_LABELS, PhaseLabels, QUEUE_LABELS, ResultLabels,
+    self, CONTROLLER, CONTROLLER_LABELS, PhaseLabels, QUEUE_LABELS, ResultLabels, ShardLabels,
 };
 use crate::queue::Outcome;
 use crate::reconcile::{Context, reconcile};
@@ -150,6 +150,11 @@ impl Controller {
             m.queue_duration
                 .get_or_create(&QUEUE_LABELS)
                 .observe(popped.waited.as_secs_f64());
+            m.shard_queue_duration
+                .get_or_create(&ShardLabels {
+                    shard: shard.index.to_string(),
+                })
+                .observe(popped.waited.as_secs_f64());
             m.active_workers.get_or_create(&CONTROLLER_LABELS).inc();
             let started = Instant::now();
             let result = tokio::select! {
@@ -240,11 +245,6 @@ impl std::fmt::Debug for StateCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("StateCollector")
     }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct ShardLabels {
-    shard: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]

@@ -5,7 +5,7 @@
 //! reconcile's requests nest under it), sends that span's W3C `traceparent` so the API
 //! server's own spans join the trace (as children for callers in `system:masters` or
 //! `system:monitoring`, as linked traces otherwise), records the status code, and counts
-//! `rest_client_requests_total{code,method,host}`.
+//! `rest_client_requests_total{code,method,host}` and their latency.
 
 use std::future::Future;
 use std::path::Path;
@@ -130,9 +130,11 @@ where
             propagator.inject_context(&context, &mut HeaderInjector(request.headers_mut()))
         });
         let host = self.host.clone();
+        let started = std::time::Instant::now();
         let response = self.inner.call(request).instrument(span.clone());
         Box::pin(async move {
             let result = response.await;
+            let took = started.elapsed().as_secs_f64();
             let code = match &result {
                 Ok(response) => {
                     let status = response.status().as_u16();
@@ -147,10 +149,10 @@ where
                     "<error>".to_string()
                 }
             };
-            metrics::get()
-                .rest_requests
-                .get_or_create(&RestLabels { code, method, host })
-                .inc();
+            let labels = RestLabels { code, method, host };
+            let m = metrics::get();
+            m.rest_requests.get_or_create(&labels).inc();
+            m.rest_request_duration.get_or_create(&labels).observe(took);
             result
         })
     }

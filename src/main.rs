@@ -80,6 +80,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         Backoff::default(),
     )));
     let caches = cache::start(client.clone(), &args.namespaces, controller.clone());
+    metrics::get().init_series();
     metrics::get().register_collector(Box::new(StateCollector {
         controller: controller.clone(),
         caches: caches.clone(),

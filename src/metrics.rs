@@ -5,6 +5,8 @@
 //! - the work queue is sharded: `workqueue_*` carry `name="myresource"` summed over shards
 //!   (as controller-runtime's one queue would), and `myresource_operator_shard_queue_depth`
 //!   has the per-shard depth;
+//! - `rest_client_request_duration_seconds` is labelled `method`, `code`, `host` (client-go's
+//!   has `verb`, `host`), matching `rest_client_requests_total`;
 //! - `controller_runtime_reconcile_total{result}` uses controller-runtime's values `success`,
 //!   `error`, `requeue_after` (we never return a bare `requeue`).
 //!
@@ -56,6 +58,11 @@ pub struct RestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub phase: &'static str,
 }
@@ -82,6 +89,8 @@ pub struct Metrics {
     pub queue_retries: Family<QueueLabels, Counter>,
     pub leader_status: Family<NameLabels, Gauge>,
     pub rest_requests: Family<RestLabels, Counter>,
+    pub rest_request_duration: Family<RestLabels, Histogram>,
+    pub shard_queue_duration: Family<ShardLabels, Histogram>,
     pub leadership_transitions: Counter,
     pub takeover_seconds: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
     pub lease_renew_seconds: Histogram,
@@ -118,6 +127,12 @@ impl Metrics {
             queue_retries: Family::default(),
             leader_status: Family::default(),
             rest_requests: Family::default(),
+            rest_request_duration: Family::new_with_constructor(|| {
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.001, 2.0, 15,
+                ))
+            }),
+            shard_queue_duration: Family::new_with_constructor(queue_buckets),
             leadership_transitions: Counter::default(),
             takeover_seconds: Family::default(),
             lease_renew_seconds: Histogram::new(
@@ -182,6 +197,16 @@ impl Metrics {
                 m.rest_requests.clone(),
             );
             r.register(
+                "rest_client_request_duration_seconds",
+                "Request latency in seconds, by method, status code and host",
+                m.rest_request_duration.clone(),
+            );
+            r.register(
+                "myresource_operator_shard_queue_duration_seconds",
+                "How long keys wait in each shard's queue before a worker takes them",
+                m.shard_queue_duration.clone(),
+            );
+            r.register(
                 "myresource_operator_leadership_transitions",
                 "Times this replica became leader",
                 m.leadership_transitions.clone(),
@@ -199,6 +224,28 @@ impl Metrics {
             r.register_collector(Box::new(ProcessCollector));
         }
         m
+    }
+
+    /// Creates the zero-valued series a dashboard expects before anything happened (as
+    /// controller-runtime does), so a follower's scrape already has every name.
+    pub fn init_series(&self) {
+        for result in ["success", "error", "requeue_after"] {
+            drop(self.reconcile_total.get_or_create(&ResultLabels {
+                controller: CONTROLLER,
+                result,
+            }));
+        }
+        drop(self.reconcile_errors.get_or_create(&CONTROLLER_LABELS));
+        drop(self.reconcile_time.get_or_create(&CONTROLLER_LABELS));
+        drop(self.active_workers.get_or_create(&CONTROLLER_LABELS));
+        drop(
+            self.max_concurrent_reconciles
+                .get_or_create(&CONTROLLER_LABELS),
+        );
+        drop(self.queue_adds.get_or_create(&QUEUE_LABELS));
+        drop(self.queue_duration.get_or_create(&QUEUE_LABELS));
+        drop(self.work_duration.get_or_create(&QUEUE_LABELS));
+        drop(self.queue_retries.get_or_create(&QUEUE_LABELS));
     }
 
     /// Adds a scrape-time collector.

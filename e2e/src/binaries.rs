@@ -79,6 +79,76 @@ pub fn controlplane_cache() -> PathBuf {
     cache_root().join("controlplane")
 }
 
+/// Jaeger (v2, in-memory), for the tracing tests; built from `e2e/tools/jaeger` on first use.
+pub fn jaeger() -> Result<PathBuf> {
+    Ok(build(&JAEGER)?.join("jaeger"))
+}
+
+const JAEGER: Tool = Tool {
+    module_dir: "jaeger",
+    // v1.76.0 is served by the module proxy but is not an approved release here.
+    version: "v1.75.0",
+    binaries: &[("github.com/jaegertracing/jaeger/cmd/jaeger", "jaeger")],
+    ldflags: "",
+};
+
+/// Helm v4, for the chart tests; built from `e2e/tools/helm` on first use.
+pub fn helm() -> Result<PathBuf> {
+    Ok(build(&HELM)?.join("helm"))
+}
+
+const HELM: Tool = Tool {
+    module_dir: "helm",
+    version: "v4.3.2",
+    binaries: &[("helm.sh/helm/v4/cmd/helm", "helm")],
+    ldflags: "",
+};
+
+/// Prometheus and promtool: Debian's `prometheus` package, installed on first use when
+/// missing (as root, with apt-get), since building Prometheus from its module takes far
+/// longer. Returns (prometheus, promtool).
+pub fn prometheus() -> Result<(PathBuf, PathBuf)> {
+    let found = |name: &str| {
+        std::env::var_os("PATH")
+            .map(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|p| p.join(name))
+                    .find(|p| p.is_file())
+            })
+            .unwrap_or_default()
+    };
+    if let (Some(server), Some(tool)) = (found("prometheus"), found("promtool")) {
+        return Ok((server, tool));
+    }
+    eprintln!("installing Debian's prometheus package (first use on this machine)");
+    let install = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if !(install(&["update", "-qq"])
+        && install(&[
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "prometheus",
+        ]))
+    {
+        bail!(
+            "prometheus and promtool are not on PATH and `apt-get install prometheus` failed; \
+             install Debian's prometheus package (or put both binaries on PATH)"
+        );
+    }
+    match (found("prometheus"), found("promtool")) {
+        (Some(server), Some(tool)) => Ok((server, tool)),
+        _ => bail!("the prometheus package installed no prometheus/promtool on PATH"),
+    }
+}
+
 /// A kubectl of the same release as the control plane (built on first use), so tests and
 /// the demo do not depend on whatever kubectl the machine has.
 pub fn kubectl() -> Result<PathBuf> {

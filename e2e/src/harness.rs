@@ -7,7 +7,7 @@
 //! (see [`crate::process`]).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Result, anyhow};
@@ -16,6 +16,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use crate::cluster::{Cluster, ClusterConfig, client_for};
+use crate::jaeger::{Jaeger, JaegerApi};
 use crate::operator::{Operator, OperatorConfig};
 use crate::process::Lifetime;
 
@@ -26,6 +27,16 @@ pub struct Shared {
     /// `None` for an existing cluster, whose audit log we cannot read.
     pub audit_log: Option<PathBuf>,
     pub server: String,
+    /// The Jaeger that the API server (and traced operators) send spans to, when the test
+    /// binary asked for tracing with [`setup_traced`].
+    pub jaeger: Option<JaegerEndpoints>,
+}
+
+/// Where a Jaeger listens.
+#[derive(Debug, Clone, Copy)]
+pub struct JaegerEndpoints {
+    pub otlp_grpc: std::net::SocketAddr,
+    pub api: JaegerApi,
 }
 
 /// One test's view: a fresh namespace and a client on the test's own runtime.
@@ -94,11 +105,27 @@ impl TestEnv {
                 .join(std::process::id().to_string()),
             extra_args: args,
             binary: None,
+            env: Vec::new(),
         }
     }
 }
 
 static CLUSTER: Mutex<Option<Cluster>> = Mutex::new(None);
+static JAEGER: Mutex<Option<Jaeger>> = Mutex::new(None);
+static TRACED: AtomicBool = AtomicBool::new(false);
+
+/// Like [`setup`], but the shared control plane (if this call starts it) comes with a Jaeger
+/// that kube-apiserver sends its spans to. Every test of a binary that needs tracing must
+/// use this, so whichever runs first starts the traced cluster.
+pub async fn setup_traced(prefix: &str) -> Result<TestEnv> {
+    TRACED.store(true, Ordering::SeqCst);
+    let env = setup(prefix).await?;
+    anyhow::ensure!(
+        env.shared.jaeger.is_some(),
+        "the shared cluster was started without tracing"
+    );
+    Ok(env)
+}
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
 
 /// Starts (once) the shared cluster and gives the test a namespace `<prefix>-<n>`.
@@ -146,23 +173,36 @@ fn start() -> Result<Shared> {
             kubeconfig,
             audit_log: None,
             server: String::new(),
+            jaeger: None,
         });
     }
     let dir = std::env::temp_dir().join(format!("myresource-e2e-{}", std::process::id()));
+    let traced = TRACED.load(Ordering::SeqCst);
+    let jaeger_dir = dir.with_extension("jaeger");
     let config = ClusterConfig {
         dir,
-        otlp_endpoint: std::env::var("E2E_APISERVER_OTLP_ENDPOINT").ok(),
+        otlp_endpoint: None,
         lifetime: Lifetime::TiedToThisProcess,
         // Established before the controller-manager starts, so its garbage collector knows
         // MyResource owners at once.
         crds: vec![myresource_operator::resource::crd()],
     };
     // The cluster must not belong to any one test's runtime: start it on a thread of its own.
-    let cluster = std::thread::spawn(move || {
+    let (cluster, jaeger) = std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
-            .block_on(Cluster::start(config))
+            .block_on(async move {
+                let mut config = config;
+                let jaeger = if traced {
+                    let jaeger = Jaeger::start(&jaeger_dir, Lifetime::TiedToThisProcess).await?;
+                    config.otlp_endpoint = Some(jaeger.otlp_grpc.to_string());
+                    Some(jaeger)
+                } else {
+                    None
+                };
+                anyhow::Ok((Cluster::start(config).await?, jaeger))
+            })
     })
     .join()
     .map_err(|_| anyhow!("cluster start panicked"))??;
@@ -170,8 +210,13 @@ fn start() -> Result<Shared> {
         kubeconfig: cluster.kubeconfig.clone(),
         audit_log: Some(cluster.audit_log.clone()),
         server: cluster.server.clone(),
+        jaeger: jaeger.as_ref().map(|j| JaegerEndpoints {
+            otlp_grpc: j.otlp_grpc,
+            api: j.api,
+        }),
     };
     *CLUSTER.lock().expect("cluster lock") = Some(cluster);
+    *JAEGER.lock().expect("jaeger lock") = jaeger;
     // SAFETY: registering a plain extern "C" function has no preconditions.
     unsafe {
         libc::atexit(stop_at_exit);
@@ -186,5 +231,12 @@ extern "C" fn stop_at_exit() {
     };
     if let Some(mut cluster) = cluster {
         cluster.stop();
+    }
+    let jaeger = match JAEGER.lock() {
+        Ok(mut guard) => guard.take(),
+        Err(poisoned) => poisoned.into_inner().take(),
+    };
+    if let Some(mut jaeger) = jaeger {
+        jaeger.process.stop(std::time::Duration::from_secs(5));
     }
 }

@@ -7,6 +7,7 @@
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
 //! - [`proxy`]: a loopback TCP proxy that tests cut to partition a replica;
 //! - [`harness`]: one shared control plane per test binary, a namespace per test;
+//! - [`jaeger`]: a Jaeger on loopback for the tracing tests;
 //! - [`operator`]: the operator binary run as a real process;
 //! - [`audit`]: reading the audit log the tests use as ground truth;
 //! - [`wait`]: polling instead of sleeping.
@@ -15,6 +16,7 @@ pub mod audit;
 pub mod binaries;
 pub mod cluster;
 pub mod harness;
+pub mod jaeger;
 pub mod operator;
 pub mod pki;
 pub mod process;

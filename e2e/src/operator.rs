@@ -78,6 +78,8 @@ pub struct OperatorConfig {
     pub extra_args: Vec<String>,
     /// The binary to run; the debug build when `None`.
     pub binary: Option<PathBuf>,
+    /// Extra environment (OTEL_* …).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running replica.
@@ -109,7 +111,8 @@ impl Operator {
             .arg("--log-format=json")
             .args(&config.extra_args)
             .env_remove("RUST_LOG")
-            .env("LOG_LEVEL", "info,myresource_operator=debug");
+            .env("LOG_LEVEL", "info,myresource_operator=debug")
+            .envs(config.env.iter().map(|(k, v)| (k, v)));
         if !config.namespaces.is_empty() {
             cmd.arg(format!("--namespaces={}", config.namespaces.join(",")));
         }
@@ -191,10 +194,18 @@ impl Drop for Operator {
 
 /// A plain HTTP/1.0 GET on loopback: (status code, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    http_get_accept(addr, path, "*/*").await
+}
+
+/// [`http_get`] with an Accept header.
+pub async fn http_get_accept(addr: SocketAddr, path: &str, accept: &str) -> Result<(u16, String)> {
     let request = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
         stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .write_all(
+                format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n")
+                    .as_bytes(),
+            )
             .await?;
         let mut response = String::new();
         stream.read_to_string(&mut response).await?;

@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// Objects created one by one for the latency section.
     #[arg(long, default_value_t = 200)]
     pub latency_objects: usize,
+    /// Objects per mode in the telemetry section (exporter off, then on at 100 % sampling).
+    #[arg(long, default_value_t = 500)]
+    pub telemetry_objects: usize,
 }
 
 struct Bench {
@@ -93,6 +96,7 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
 
 impl Bench {
     async fn all(&mut self, args: &BenchArgs) -> Result<()> {
+        self.telemetry(args.telemetry_objects, 100).await?;
         self.latency(args.latency_objects).await?;
         self.cold_start(args.objects).await?;
         for (lease, renew, retry) in [(15, 10, 2), (4, 3, 1)] {
@@ -126,7 +130,11 @@ impl Bench {
     }
 
     fn replica(&self, ns: &str, identity: &str, timings: (u64, u64, u64)) -> Result<Operator> {
-        Operator::start(OperatorConfig {
+        Operator::start(self.replica_config(ns, identity, timings))
+    }
+
+    fn replica_config(&self, ns: &str, identity: &str, timings: (u64, u64, u64)) -> OperatorConfig {
+        OperatorConfig {
             identity: identity.into(),
             kubeconfig: self.cluster.kubeconfig.clone(),
             namespaces: vec![ns.into()],
@@ -138,7 +146,8 @@ impl Bench {
                 format!("--retry-period={}s", timings.2),
             ],
             binary: Some(self.binary.clone()),
-        })
+            env: Vec::new(),
+        }
     }
 
     /// Event (create) to Ready status, one object at a time on an idle operator.
@@ -148,17 +157,7 @@ impl Bench {
         let mut op = self.replica(&ns, "latency", (15, 10, 2))?;
         op.wait_ready().await?;
         wait_leading(&self.client, &ns).await?;
-        let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), &ns);
-        let ready = ready_times(mrs.clone());
-        let mut samples = Vec::new();
-        for i in 0..count {
-            let name = format!("l{i}");
-            let started = Instant::now();
-            mrs.create(&PostParams::default(), &mr(&name, i)).await?;
-            let seen = ready.wait(&name, Duration::from_secs(30)).await?;
-            samples.push(seen.duration_since(started).as_secs_f64() * 1000.0);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let samples = sequential_latency(&self.client, &ns, "l", count).await?;
         let (p50, p99) = (percentile(&samples, 50.0), percentile(&samples, 99.0));
         self.record(
             "event_to_status_ms",
@@ -167,6 +166,71 @@ impl Bench {
                 "event → Ready status ({count} objects, idle): median {p50:.1} ms, p99 {p99:.1} ms"
             ),
         );
+        Ok(())
+    }
+
+    /// Throughput, latency and memory with the OTLP exporter off and on (100 % sampling into
+    /// a local Jaeger), side by side in one run.
+    async fn telemetry(&mut self, n: usize, latency_objects: usize) -> Result<()> {
+        eprintln!(
+            "==> telemetry: {n} objects cold, then {latency_objects} one at a time, exporter off and on"
+        );
+        let jaeger = e2e::jaeger::Jaeger::start(
+            &self.root.join("target/bench/jaeger"),
+            Lifetime::TiedToThisProcess,
+        )
+        .await?;
+        let mut modes = Vec::new();
+        for exporting in [false, true] {
+            let mode = if exporting { "on" } else { "off" };
+            let ns = self.namespace(&format!("bench-otel-{mode}")).await?;
+            create_objects(&self.client, &ns, n, false).await?;
+            let mut config = self.replica_config(&ns, &format!("otel-{mode}"), (15, 10, 2));
+            if exporting {
+                config.env = vec![
+                    (
+                        "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                        format!("http://{}", jaeger.otlp_grpc),
+                    ),
+                    ("OTEL_TRACES_SAMPLER".into(), "always_on".into()),
+                ];
+            }
+            let started = Instant::now();
+            let mut op = Operator::start(config)?;
+            let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), &ns);
+            e2e::wait::poll("every object reconciled", Duration::from_secs(600), || {
+                let mrs = mrs.clone();
+                async move { Ok((count_ready(&mrs).await? == n).then_some(())) }
+            })
+            .await?;
+            let throughput = n as f64 / started.elapsed().as_secs_f64();
+            op.wait_ready().await?;
+            let samples = sequential_latency(&self.client, &ns, "t", latency_objects).await?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let rss = op.rss_bytes().unwrap_or(0) as f64 / 1048576.0;
+            op.stop();
+            modes.push(json!({
+                "exporter": mode,
+                "objects_per_second": throughput,
+                "event_to_status_ms": {"p50": percentile(&samples, 50.0), "p99": percentile(&samples, 99.0)},
+                "rss_mib": rss,
+            }));
+        }
+        let (off, on) = (&modes[0], &modes[1]);
+        let line = format!(
+            "telemetry, exporter off vs on (100 % sampling): cold throughput {:.0} vs {:.0} objects/s; event → status median {:.1} vs {:.1} ms, p99 {:.1} vs {:.1} ms; RSS {:.1} vs {:.1} MiB",
+            off["objects_per_second"].as_f64().unwrap_or(0.0),
+            on["objects_per_second"].as_f64().unwrap_or(0.0),
+            off["event_to_status_ms"]["p50"].as_f64().unwrap_or(0.0),
+            on["event_to_status_ms"]["p50"].as_f64().unwrap_or(0.0),
+            off["event_to_status_ms"]["p99"].as_f64().unwrap_or(0.0),
+            on["event_to_status_ms"]["p99"].as_f64().unwrap_or(0.0),
+            off["rss_mib"].as_f64().unwrap_or(0.0),
+            on["rss_mib"].as_f64().unwrap_or(0.0),
+        );
+        self.record("telemetry", json!({"objects": n, "modes": modes}), line);
+        let mut jaeger = jaeger;
+        jaeger.process.stop(Duration::from_secs(5));
         Ok(())
     }
 
@@ -347,6 +411,28 @@ impl Bench {
         );
         Ok(())
     }
+}
+
+/// Creates `count` objects one at a time (20 ms apart) and returns each one's create →
+/// Ready-status latency in milliseconds.
+async fn sequential_latency(
+    client: &Client,
+    ns: &str,
+    prefix: &str,
+    count: usize,
+) -> Result<Vec<f64>> {
+    let mrs: Api<MyResource> = Api::namespaced(client.clone(), ns);
+    let ready = ready_times(mrs.clone());
+    let mut samples = Vec::new();
+    for i in 0..count {
+        let name = format!("{prefix}{i}");
+        let started = Instant::now();
+        mrs.create(&PostParams::default(), &mr(&name, i)).await?;
+        let seen = ready.wait(&name, Duration::from_secs(30)).await?;
+        samples.push(seen.duration_since(started).as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(samples)
 }
 
 fn mr(name: &str, i: usize) -> MyResource {

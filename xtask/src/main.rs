@@ -132,9 +132,13 @@ async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>) -> Result<()> {
 fn test(cargo_args: &[String]) -> Result<()> {
     let use_existing = std::env::var("USE_EXISTING_CLUSTER").is_ok_and(|v| v == "true");
     if !use_existing {
-        // Build (or find) the control plane and kubectl once, up front, with visible progress.
+        // Build (or find) every program the tests run once, up front, with visible progress:
+        // the control plane, kubectl, Jaeger, Helm, and Debian's Prometheus.
         e2e::binaries::ensure()?;
         e2e::binaries::kubectl()?;
+        e2e::binaries::jaeger()?;
+        e2e::binaries::helm()?;
+        e2e::binaries::prometheus()?;
     }
     let before = leftovers();
     let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
