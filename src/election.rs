@@ -447,10 +447,18 @@ impl Driver {
     fn lose(&mut self, why: &str) {
         self.fence.revoke();
         self.elector.step_down();
+        let span = info_span!(
+            "leader_election",
+            transition = "lost",
+            identity = self.elector.identity(),
+            why
+        );
+        let _entered = span.enter();
         warn!(
             identity = self.elector.identity(),
             why, "lost leadership: stopping workers, staying a follower"
         );
+        self.set_status(false);
         self.role.send_replace(Role::Follower);
     }
 

@@ -64,6 +64,8 @@ pub struct Cluster {
     lifetime: Lifetime,
     pki: Pki,
     processes: Vec<Process>,
+    /// How each component was started, for [`Cluster::restart`].
+    commands: std::collections::HashMap<String, (std::ffi::OsString, Vec<std::ffi::OsString>)>,
 }
 
 const RECORD: &str = "cluster.json";
@@ -90,6 +92,7 @@ impl Cluster {
             lifetime: config.lifetime,
             pki,
             processes: Vec::new(),
+            commands: Default::default(),
         };
         match cluster.boot(&config, &binaries, apiserver_port).await {
             Ok(()) => Ok(cluster),
@@ -255,8 +258,38 @@ impl Cluster {
     /// [`Cluster::stop`].
     pub fn spawn(&mut self, name: &str, cmd: Command) -> Result<()> {
         let log = self.dir.join(format!("{name}.log"));
-        self.processes
-            .push(process::spawn(name, cmd, &log, self.lifetime)?);
+        let program = cmd.get_program().to_os_string();
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_os_string()).collect();
+        self.commands.insert(name.to_string(), (program, args));
+        let process = process::spawn(name, cmd, &log, self.lifetime)?;
+        match self.processes.iter_mut().find(|p| p.name == name) {
+            Some(slot) => *slot = process,
+            None => self.processes.push(process),
+        }
+        self.write_record()
+    }
+
+    /// Restarts the component `name` with the command line it was started with (a chaos
+    /// fault: `kube-apiserver` restarted), waiting for the API server to be ready again.
+    pub async fn restart(&mut self, name: &str) -> Result<()> {
+        let (program, args) = self
+            .commands
+            .get(name)
+            .cloned()
+            .ok_or_else(|| anyhow!("no component {name}"))?;
+        if let Some(p) = self.process(name) {
+            p.stop(Duration::from_secs(10));
+        }
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        self.spawn(name, cmd)?;
+        if name == "kube-apiserver" {
+            self.wait_for_apiserver().await?;
+        }
+        Ok(())
+    }
+
+    fn write_record(&self) -> Result<()> {
         let record = Record {
             server: self.server.clone(),
             processes: self

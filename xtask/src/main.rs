@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod chaos;
 mod demo;
 use e2e::cluster::{self, Cluster, ClusterConfig};
 use e2e::process::{Lifetime, processes_under};
@@ -40,6 +41,9 @@ enum Task {
     /// Measure latency, cold start, memory, failover, handover and takeover; writes
     /// target/bench/report.{json,md}.
     Bench(bench::BenchArgs),
+    /// Inject seeded faults into three replicas under a workload and check the invariants;
+    /// writes target/chaos/report.{json,md} and timeline.svg.
+    Chaos(chaos::ChaosArgs),
     /// The demo: control plane, CRD, three replicas, the tutorial's example, a leader kill.
     Demo {
         /// Leave everything running and print how to reach it.
@@ -101,6 +105,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Task::Test { cargo_args } => test(&cargo_args),
+        Task::Chaos(args) => runtime.block_on(chaos::run(&workspace_root(), args)),
         Task::Bench(args) => runtime.block_on(bench::run(&workspace_root(), args)),
         Task::Demo { keep } => runtime.block_on(demo::run(&workspace_root(), keep)),
     }
@@ -151,7 +156,17 @@ fn test(cargo_args: &[String]) -> Result<()> {
         // there are cores.
         cargo.env("RUST_TEST_THREADS", "8");
     }
-    let status = cargo.status().context("running cargo test")?;
+    let mut status = cargo.status().context("running cargo test")?;
+    if status.success() && !use_existing {
+        // Every run exercises failover: a short seeded chaos run (each fault kind once).
+        let chaos = Command::new(std::env::current_exe()?)
+            .args(["chaos", "--rounds", "6", "--seed", "1"])
+            .status()
+            .context("running the chaos suite")?;
+        if !chaos.success() {
+            status = chaos;
+        }
+    }
     let left: Vec<_> = leftovers()
         .into_iter()
         .filter(|p| !before.contains(p))
