@@ -2,7 +2,9 @@
 //!
 //! 1. Keep a ConfigMap of the same name whose data carries `message` and `someValue`,
 //!    controlled by the MyResource (ownerReference `controller: true`, so garbage collection
-//!    deletes it with its owner), written by server-side apply under one field manager.
+//!    deletes it with its owner): created with a plain create (which cannot overwrite a
+//!    ConfigMap that already exists), repaired by server-side apply under one field manager
+//!    with the resourceVersion read as a precondition.
 //! 2. Count the labelled Pods and how many are Ready (from the warm Pod index).
 //! 3. Write status (`observedGeneration`, `Ready`, ConfigMap name, Pod counts) through the
 //!    status subresource, with the resourceVersion read as a precondition.
@@ -17,7 +19,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -221,43 +223,50 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
     }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let desired = desired_configmap(&mr);
-    let state = match ctx.caches.configmaps.get(key) {
-        Some(cm) => classify(Some(&cm), &desired, &mr),
-        // Not in our cache: either absent or someone else's (our cache holds only ours).
-        None => classify(configmaps.get_opt(&key.name).await?.as_ref(), &desired, &mr),
+    let cached = ctx.caches.configmaps.get(key);
+    let mut state = match &cached {
+        Some(cm) => classify(Some(cm), &desired, &mr),
+        // Not in our cache (which holds only ours): absent, or someone else's.
+        None => ConfigMapState::Missing,
     };
     let pods = ctx.caches.pods.counts(key);
 
-    let problem = match &state {
-        ConfigMapState::UpToDate => None,
-        ConfigMapState::Missing | ConfigMapState::Drifted => {
-            ctx.fence.check()?;
-            configmaps
-                .patch(
-                    &key.name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&desired),
-                )
-                .await?;
-            let (reason, verb) = if state == ConfigMapState::Missing {
-                ("ConfigMapCreated", "created")
-            } else {
-                ("ConfigMapUpdated", "updated")
-            };
-            info!(myresource = %key, "ConfigMap {verb}");
-            publish(
-                ctx,
-                &mr,
-                EventType::Normal,
-                reason,
-                &format!("ConfigMap {} {verb}", key.name),
-            )
-            .await;
-            None
+    let mut change = None;
+    if state == ConfigMapState::Missing {
+        // Create, not apply: a create cannot overwrite a ConfigMap that exists already,
+        // and it costs one request instead of a read and a write.
+        ctx.fence.check()?;
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match configmaps.create(&params, &desired).await {
+            Ok(_) => change = Some(("ConfigMapCreated", "created")),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                // It exists: someone else's, or ours and our cache has not seen it yet.
+                let existing = configmaps.get_opt(&key.name).await?;
+                state = classify(existing.as_ref(), &desired, &mr);
+                if state == ConfigMapState::Drifted {
+                    apply(ctx, &configmaps, &desired, existing.as_ref()).await?;
+                    change = Some(("ConfigMapUpdated", "updated"));
+                }
+            }
+            Err(err) => return Err(err.into()),
         }
+    } else if state == ConfigMapState::Drifted {
+        apply(ctx, &configmaps, &desired, cached.as_deref()).await?;
+        change = Some(("ConfigMapUpdated", "updated"));
+    }
+    if let Some((reason, verb)) = change {
+        info!(myresource = %key, "ConfigMap {verb}");
+        let note = format!("ConfigMap {} {verb}", key.name);
+        publish(ctx, &mr, EventType::Normal, reason, &note).await;
+    }
+    let problem = match &state {
         ConfigMapState::OwnedElsewhere(message) => {
             Some(("ConfigMapOwnedElsewhere", message.as_str()))
         }
+        _ => None,
     };
 
     let status = desired_status(&mr, pods, problem, Timestamp::now());
@@ -285,6 +294,29 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
         ConfigMapState::OwnedElsewhere(message) => Err(Error::OwnedElsewhere(message)),
         _ => Ok(Outcome::Success),
     }
+}
+
+/// Server-side applies the desired ConfigMap over `existing`, with its resourceVersion as a
+/// precondition: if the ConfigMap changed since it was read (another writer, or a stale
+/// cache), the apply conflicts and the key is retried instead of overwriting.
+async fn apply(
+    ctx: &Context,
+    configmaps: &Api<ConfigMap>,
+    desired: &ConfigMap,
+    existing: Option<&ConfigMap>,
+) -> Result<(), Error> {
+    ctx.fence.check()?;
+    let mut body = desired.clone();
+    body.metadata.resource_version = existing.and_then(|cm| cm.resource_version());
+    let name = body.metadata.name.clone().unwrap_or_default();
+    configmaps
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Publishes an Event about `mr`; a failure to publish is logged, never fatal.
