@@ -1,6 +1,6 @@
 //! Warm caches, kept on every replica from process start, leader or not.
 //!
-//! - MyResources: a kube-runtime reflector store (all of each object).
+//! - MyResources: a kube-runtime reflector store, without managedFields.
 //! - ConfigMaps the operator owns (label `app.kubernetes.io/managed-by`): a reflector store,
 //!   without managedFields.
 //! - Pods labelled `trstringer.com/myresource`: not Pods at all but a slim index (DESIGN.md:
@@ -260,7 +260,8 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
     let mut configmaps = Vec::new();
     for scope in scopes {
         let (store, writer) = reflector::store::<MyResource>();
-        let events = watch::<MyResource>(&client, scope.as_deref(), watcher::Config::default());
+        let events = watch::<MyResource>(&client, scope.as_deref(), watcher::Config::default())
+            .map(|event| event.map(|e| e.modify(strip_managed_fields)));
         tokio::spawn(reflect(events, writer, gate.clone(), {
             let sink = sink.clone();
             move |event: &Event<MyResource>| on_myresource(event, sink.as_ref())
@@ -269,13 +270,8 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
 
         let (store, writer) = reflector::store::<ConfigMap>();
         let config = watcher::Config::default().labels(&cm_selector);
-        let events = watch::<ConfigMap>(&client, scope.as_deref(), config).map(|event| {
-            event.map(|e| {
-                e.modify(|cm| {
-                    cm.managed_fields_mut().clear();
-                })
-            })
-        });
+        let events = watch::<ConfigMap>(&client, scope.as_deref(), config)
+            .map(|event| event.map(|e| e.modify(strip_managed_fields)));
         tokio::spawn(reflect(events, writer, gate.clone(), {
             let sink = sink.clone();
             move |event: &Event<ConfigMap>| on_configmap(event, sink.as_ref())
@@ -303,6 +299,11 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
         pods,
         synced,
     }
+}
+
+/// managedFields are often the largest part of an object and the operator never reads them.
+fn strip_managed_fields<K: Resource>(object: &mut K) {
+    object.managed_fields_mut().clear();
 }
 
 /// The watch events of `K` in one namespace, or in all of them.

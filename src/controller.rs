@@ -157,6 +157,10 @@ impl Controller {
                 .observe(popped.waited.as_secs_f64());
             m.active_workers.get_or_create(&CONTROLLER_LABELS).inc();
             let started = Instant::now();
+            {
+                let _entered = span.enter();
+                debug!(myresource = %key, shard = shard.index, "reconcile started");
+            }
             let result = tokio::select! {
                 result = reconcile(&ctx, &key).instrument(span.clone()) => Some(result),
                 _ = cancel.cancelled() => None,

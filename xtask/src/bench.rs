@@ -6,7 +6,7 @@
 //! Pods; resident memory of leader and followers; SIGKILL failover and SIGTERM handover at
 //! two timing sets; takeover time with N objects cached.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -27,16 +27,13 @@ use serde_json::{Value, json};
 /// What to measure and how much.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Objects for the cold-start and memory sections.
-    #[arg(long, default_value_t = 1000)]
+    /// Objects: MyResources and as many labelled Pods for throughput, takeover and memory.
+    #[arg(long, default_value_t = 10_000)]
     pub objects: usize,
-    /// Objects cached at takeover (repeat the flag for several sizes).
-    #[arg(long = "takeover-objects", default_values_t = [1000, 10000])]
-    pub takeover_objects: Vec<usize>,
-    /// Failover and handover runs per timing set.
-    #[arg(long, default_value_t = 20)]
-    pub runs: usize,
-    /// Objects created one by one for the latency section.
+    /// SIGKILL failover and SIGTERM handover runs per timing set (15/10/2 s and 4/3/1 s).
+    #[arg(long, default_value_t = 5)]
+    pub failover_runs: usize,
+    /// Objects created one by one for the idle latency section.
     #[arg(long, default_value_t = 200)]
     pub latency_objects: usize,
     /// Objects per mode in the telemetry section (exporter off, then on at 100 % sampling).
@@ -96,16 +93,15 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
 
 impl Bench {
     async fn all(&mut self, args: &BenchArgs) -> Result<()> {
+        self.throughput_and_takeover(args.objects, args.latency_objects)
+            .await?;
+        self.memory_per_pod(args.objects).await?;
         self.telemetry(args.telemetry_objects, 100).await?;
-        self.latency(args.latency_objects).await?;
-        self.cold_start(args.objects).await?;
         for (lease, renew, retry) in [(15, 10, 2), (4, 3, 1)] {
-            self.failover(args.runs, lease, renew, retry, false).await?;
+            self.failover(args.failover_runs, lease, renew, retry, false)
+                .await?;
         }
-        self.failover(args.runs, 15, 10, 2, true).await?;
-        for &n in &args.takeover_objects {
-            self.takeover(n).await?;
-        }
+        self.failover(args.failover_runs, 15, 10, 2, true).await?;
         Ok(())
     }
 
@@ -148,25 +144,6 @@ impl Bench {
             binary: Some(self.binary.clone()),
             env: Vec::new(),
         }
-    }
-
-    /// Event (create) to Ready status, one object at a time on an idle operator.
-    async fn latency(&mut self, count: usize) -> Result<()> {
-        eprintln!("==> latency: {count} objects created one at a time");
-        let ns = self.namespace("bench-latency").await?;
-        let mut op = self.replica(&ns, "latency", (15, 10, 2))?;
-        op.wait_ready().await?;
-        wait_leading(&self.client, &ns).await?;
-        let samples = sequential_latency(&self.client, &ns, "l", count).await?;
-        let (p50, p99) = (percentile(&samples, 50.0), percentile(&samples, 99.0));
-        self.record(
-            "event_to_status_ms",
-            json!({"p50": p50, "p99": p99, "samples": count}),
-            format!(
-                "event → Ready status ({count} objects, idle): median {p50:.1} ms, p99 {p99:.1} ms"
-            ),
-        );
-        Ok(())
     }
 
     /// Throughput, latency and memory with the OTLP exporter off and on (100 % sampling into
@@ -234,45 +211,191 @@ impl Bench {
         Ok(())
     }
 
-    /// N MyResources and N labelled Pods exist before the operator starts.
-    async fn cold_start(&mut self, n: usize) -> Result<()> {
-        eprintln!("==> cold start: {n} MyResources and {n} labelled Pods");
-        let ns = self.namespace("bench-cold").await?;
+    /// The API server's write ceiling, the operator's cold start against it, event →
+    /// reconcile-start latency under load and idle, takeover with N objects cached, and the
+    /// memory of leader and follower.
+    async fn throughput_and_takeover(&mut self, n: usize, latency_objects: usize) -> Result<()> {
+        eprintln!(
+            "==> setup: {n} MyResources and {n} labelled Pods, and {n} MyResources for the ceiling"
+        );
+        let ceiling_ns = self.namespace("bench-ceiling").await?;
+        let ns = self.namespace("bench-throughput").await?;
+        create_objects(&self.client, &ceiling_ns, n, false).await?;
         create_objects(&self.client, &ns, n, true).await?;
+        // Same concurrency as the operator's default: 4 shards × 2 workers.
+        let concurrency = 8;
+
+        eprintln!(
+            "==> write ceiling: the writes of {n} reconciles from a minimal client, {concurrency} at a time"
+        );
         let started = Instant::now();
-        let mut leader = self.replica(&ns, "cold-leader", (15, 10, 2))?;
+        let writes = ceiling_writes(&self.client, &ceiling_ns, n, concurrency).await?;
+        let ceiling = writes as f64 / started.elapsed().as_secs_f64();
+
+        eprintln!("==> operator cold start with {n} objects (probes measure latency under load)");
+        let mut leader = self.replica(&ns, "throughput-a", (15, 10, 2))?;
         let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), &ns);
-        e2e::wait::poll("every object reconciled", Duration::from_secs(600), || {
-            let mrs = mrs.clone();
-            async move { Ok((count_ready(&mrs).await? == n).then_some(())) }
+        let acquired = e2e::wait::poll("the operator to lead", Duration::from_secs(120), || {
+            let line = leader
+                .log_lines()
+                .into_iter()
+                .find(|l| l["message"] == "acquired the Lease: leading");
+            async move { Ok(line.and_then(|l| stamp(&l))) }
         })
         .await?;
-        let took = started.elapsed().as_secs_f64();
-        self.record(
-            "cold_start_seconds",
-            json!({"objects": n, "seconds": took, "objects_per_second": n as f64 / took}),
-            format!("cold start: {n} MyResources (+{n} Pods) reconciled in {took:.1} s ({:.0}/s), from process start", n as f64 / took),
+        let probes = tokio::spawn(probe_under_load(mrs.clone(), 20));
+        e2e::wait::poll("every object reconciled", Duration::from_secs(900), || {
+            let mrs = mrs.clone();
+            async move { Ok((count_ready(&mrs).await? >= n).then_some(())) }
+        })
+        .await?;
+        let done = Timestamp::now();
+        let probe_starts = probes.await??;
+        let reconcile_seconds = done.duration_since(acquired).as_secs_f64();
+        let audit = e2e::audit::read(&self.cluster.audit_log)?;
+        let operator_writes = audit
+            .iter()
+            .filter(|e| {
+                e.replica() == Some(leader.config.identity.as_str())
+                    && e.is_write()
+                    && e.succeeded()
+            })
+            .filter(|e| e.resource() != "leases" && e.namespace() == ns)
+            .count();
+        let operator_rate = operator_writes as f64 / reconcile_seconds;
+        let under_load = latencies(&leader, &probe_starts);
+
+        eprintln!("==> event → reconcile start, idle: {latency_objects} objects one at a time");
+        let idle_starts = sequential_creates(&mrs, "idle", latency_objects).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle = latencies(&leader, &idle_starts);
+
+        eprintln!(
+            "==> takeover with {} objects cached",
+            n + latency_objects + probe_starts.len()
         );
-        // Two followers with the same caches, then everyone idles a moment.
-        let mut followers = vec![
-            self.replica(&ns, "cold-follower-1", (15, 10, 2))?,
-            self.replica(&ns, "cold-follower-2", (15, 10, 2))?,
-        ];
-        for f in &mut followers {
-            f.wait_ready().await?;
+        let mut follower = self.replica(&ns, "throughput-b", (15, 10, 2))?;
+        follower.wait_ready().await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let rss_follower = follower.rss_bytes().unwrap_or(0);
+        let rss_leader_before = leader.rss_bytes().unwrap_or(0);
+        leader.stop();
+        let expected = count_all(&mrs).await?;
+        let lines = e2e::wait::poll("the takeover to drain", Duration::from_secs(600), || {
+            let lines = follower.log_lines();
+            async move {
+                let keys: std::collections::HashSet<&str> = lines
+                    .iter()
+                    .filter(|l| l["message"] == "reconciled")
+                    .filter_map(|l| l["myresource"].as_str())
+                    .collect();
+                Ok((keys.len() >= expected).then_some(lines.clone()))
+            }
+        })
+        .await?;
+        let took_over = lines
+            .iter()
+            .find(|l| l["message"] == "acquired the Lease: leading")
+            .and_then(stamp)
+            .context("acquired line")?;
+        let reconciled: Vec<Timestamp> = lines
+            .iter()
+            .filter(|l| l["message"] == "reconciled")
+            .filter_map(stamp)
+            .collect();
+        let first_ms = reconciled[0].duration_since(took_over).as_secs_f64() * 1000.0;
+        let drain = reconciled[reconciled.len() - 1]
+            .duration_since(took_over)
+            .as_secs_f64();
+        let audit = e2e::audit::read(&self.cluster.audit_log)?;
+        let takeover_writes = audit
+            .iter()
+            .filter(|e| {
+                e.replica() == Some(follower.config.identity.as_str())
+                    && e.is_write()
+                    && e.resource() != "leases"
+            })
+            .count();
+        let takeover_lists = audit
+            .iter()
+            .filter(|e| {
+                e.replica() == Some(follower.config.identity.as_str())
+                    && e.verb == "list"
+                    && e.request_received_timestamp > took_over
+            })
+            .count();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let rss_leader = follower.rss_bytes().unwrap_or(0);
+
+        let mib = |b: u64| b as f64 / 1048576.0;
+        self.report.insert("objects".into(), json!(n));
+        self.record(
+            "ceiling_writes_per_second",
+            json!(ceiling),
+            format!("API server write ceiling (a minimal client, the writes of {n} reconciles, {concurrency} at a time): {ceiling:.0} writes/s"),
+        );
+        self.record(
+            "operator_writes_per_second",
+            json!(operator_rate),
+            format!("operator cold start: {n} MyResources (+{n} Pods) reconciled in {reconcile_seconds:.1} s after acquiring the Lease: {operator_writes} writes, {operator_rate:.0} writes/s"),
+        );
+        let ratio = operator_rate / ceiling;
+        self.record(
+            "throughput_ratio",
+            json!(ratio),
+            format!("throughput ratio operator / ceiling: {ratio:.2}"),
+        );
+        self.record(
+            "event_to_reconcile_ms",
+            json!({"p50": idle.0, "p99": idle.1, "idle": {"p50": idle.0, "p99": idle.1, "samples": idle_starts.len()}, "under_load": {"p50": under_load.0, "p99": under_load.1, "samples": probe_starts.len()}}),
+            format!(
+                "event → reconcile start: idle p50 {:.1} ms, p99 {:.1} ms ({} samples); under the cold-start load p50 {:.0} ms, p99 {:.0} ms ({} samples)",
+                idle.0, idle.1, idle_starts.len(), under_load.0, under_load.1, probe_starts.len()
+            ),
+        );
+        self.record("takeover_first_reconcile_ms", json!(first_ms), format!("takeover with {expected} objects cached: first reconcile {first_ms:.1} ms after acquiring"));
+        self.record(
+            "takeover_drain_seconds",
+            json!(drain),
+            format!("takeover: every key reconciled {drain:.2} s after acquiring; {takeover_writes} writes and {takeover_lists} LIST requests by the new leader"),
+        );
+        self.record("rss_bytes_leader", json!(rss_leader), format!("resident memory, leader after the takeover: {:.1} MiB (the old leader before it: {:.1} MiB)", mib(rss_leader), mib(rss_leader_before)));
+        self.record("rss_bytes_follower", json!(rss_follower), format!("resident memory, follower with {n} MyResources, {n} ConfigMaps and {n} Pods cached: {:.1} MiB", mib(rss_follower)));
+        follower.stop();
+        Ok(())
+    }
+
+    /// A follower's memory per cached Pod: a follower watching N labelled Pods against one
+    /// watching an empty namespace, side by side.
+    async fn memory_per_pod(&mut self, n: usize) -> Result<()> {
+        eprintln!("==> memory per cached Pod: {n} Pods against an empty namespace");
+        let pods_ns = self.namespace("bench-pods").await?;
+        let empty_ns = self.namespace("bench-empty").await?;
+        create_pods(&self.client, &pods_ns, n).await?;
+        // A leader in each namespace, so the measured replicas are followers.
+        let mut leaders = Vec::new();
+        let mut followers = Vec::new();
+        for ns in [&pods_ns, &empty_ns] {
+            let mut leader = self.replica(ns, &format!("{ns}-leader"), (15, 10, 2))?;
+            leader.wait_ready().await?;
+            wait_leading(&self.client, ns).await?;
+            leaders.push(leader);
+            let mut follower = self.replica(ns, &format!("{ns}-follower"), (15, 10, 2))?;
+            follower.wait_ready().await?;
+            followers.push(follower);
         }
-        leader.wait_ready().await?;
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let mib = |b: Option<u64>| b.unwrap_or(0) as f64 / 1048576.0;
-        let (l, f1, f2) = (
-            mib(leader.rss_bytes()),
-            mib(followers[0].rss_bytes()),
-            mib(followers[1].rss_bytes()),
-        );
+        let with_pods = followers[0].rss_bytes().unwrap_or(0) as f64;
+        let empty = followers[1].rss_bytes().unwrap_or(0) as f64;
+        let per_pod = (with_pods - empty) / n as f64;
         self.record(
-            "rss_mib",
-            json!({"objects": n, "leader": l, "followers": [f1, f2]}),
-            format!("resident memory, idle, {n} MyResources + {n} ConfigMaps + {n} Pods cached: leader {l:.1} MiB, followers {f1:.1} and {f2:.1} MiB"),
+            "rss_bytes_per_cached_object",
+            json!(per_pod),
+            format!(
+                "follower memory per cached Pod: {per_pod:.0} bytes ({:.1} MiB with {n} Pods vs {:.1} MiB with none)",
+                with_pods / 1048576.0,
+                empty / 1048576.0
+            ),
         );
         Ok(())
     }
@@ -343,74 +466,6 @@ impl Bench {
         );
         Ok(())
     }
-
-    /// With N objects cached and reconciled, the follower takes over on SIGTERM: time from
-    /// acquiring to the first reconcile and to the last key drained.
-    async fn takeover(&mut self, n: usize) -> Result<()> {
-        eprintln!("==> takeover with {n} objects cached");
-        let ns = self.namespace(&format!("bench-takeover-{n}")).await?;
-        create_objects(&self.client, &ns, n, false).await?;
-        let mut first = self.replica(&ns, &format!("takeover-{n}-a"), (15, 10, 2))?;
-        let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), &ns);
-        e2e::wait::poll("every object reconciled", Duration::from_secs(900), || {
-            let mrs = mrs.clone();
-            async move { Ok((count_ready(&mrs).await? == n).then_some(())) }
-        })
-        .await?;
-        let mut second = self.replica(&ns, &format!("takeover-{n}-b"), (15, 10, 2))?;
-        second.wait_ready().await?;
-        let follower_rss = second.rss_bytes().unwrap_or(0);
-        first.stop();
-        let lines = e2e::wait::poll("the takeover to drain", Duration::from_secs(600), || {
-            let lines = second.log_lines();
-            async move {
-                let keys: HashSet<&str> = lines
-                    .iter()
-                    .filter(|l| l["message"] == "reconciled")
-                    .filter_map(|l| l["myresource"].as_str())
-                    .collect();
-                Ok((keys.len() >= n).then_some(lines.clone()))
-            }
-        })
-        .await?;
-        let stamp = |l: &Value| {
-            l["timestamp"]
-                .as_str()
-                .and_then(|t| t.parse::<Timestamp>().ok())
-        };
-        let acquired = lines
-            .iter()
-            .find(|l| l["message"] == "acquired the Lease: leading")
-            .and_then(stamp)
-            .context("acquired line")?;
-        let reconciled: Vec<Timestamp> = lines
-            .iter()
-            .filter(|l| l["message"] == "reconciled")
-            .filter_map(stamp)
-            .collect();
-        let first_ms = reconciled[0].duration_since(acquired).as_secs_f64() * 1000.0;
-        let drain = reconciled[reconciled.len() - 1]
-            .duration_since(acquired)
-            .as_secs_f64();
-        let writes = lines
-            .iter()
-            .filter(|l| {
-                matches!(
-                    l["message"].as_str(),
-                    Some("ConfigMap created" | "ConfigMap updated")
-                )
-            })
-            .count();
-        self.record(
-            &format!("takeover_{n}"),
-            json!({"objects": n, "first_reconcile_ms": first_ms, "drain_seconds": drain, "configmap_writes": writes, "follower_rss_bytes": follower_rss}),
-            format!(
-                "takeover with {n} objects cached: first reconcile {first_ms:.1} ms after acquiring, last key drained after {drain:.2} s, ConfigMap writes {writes}; follower RSS before takeover {:.1} MiB",
-                follower_rss as f64 / 1048576.0
-            ),
-        );
-        Ok(())
-    }
 }
 
 /// Creates `count` objects one at a time (20 ms apart) and returns each one's create →
@@ -435,6 +490,130 @@ async fn sequential_latency(
     Ok(samples)
 }
 
+/// Creates `count` objects one at a time, 20 ms apart; returns (name, create time).
+async fn sequential_creates(
+    mrs: &Api<MyResource>,
+    prefix: &str,
+    count: usize,
+) -> Result<Vec<(String, Timestamp)>> {
+    let mut starts = Vec::new();
+    for i in 0..count {
+        let name = format!("{prefix}{i}");
+        let at = Timestamp::now();
+        mrs.create(&PostParams::default(), &mr(&name, i)).await?;
+        starts.push((name, at));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(starts)
+}
+
+/// Creates a probe object every 200 ms, `count` in all, while the operator is busy.
+async fn probe_under_load(mrs: Api<MyResource>, count: usize) -> Result<Vec<(String, Timestamp)>> {
+    let mut starts = Vec::new();
+    for i in 0..count {
+        let name = format!("probe{i}");
+        let at = Timestamp::now();
+        mrs.create(&PostParams::default(), &mr(&name, i)).await?;
+        starts.push((name, at));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(starts)
+}
+
+/// p50 and p99, in ms, of create → the operator's "reconcile started" log line.
+fn latencies(op: &Operator, starts: &[(String, Timestamp)]) -> (f64, f64) {
+    let mut first_start: HashMap<String, Timestamp> = HashMap::new();
+    for line in op
+        .log_lines()
+        .iter()
+        .filter(|l| l["message"] == "reconcile started")
+    {
+        if let (Some(key), Some(at)) = (line["myresource"].as_str(), stamp(line)) {
+            let name = key.rsplit('/').next().unwrap_or(key).to_string();
+            first_start.entry(name).or_insert(at);
+        }
+    }
+    let samples: Vec<f64> = starts
+        .iter()
+        .filter_map(|(name, at)| {
+            first_start
+                .get(name)
+                .map(|s| s.duration_since(*at).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    if samples.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    (percentile(&samples, 50.0), percentile(&samples, 99.0))
+}
+
+fn stamp(line: &Value) -> Option<Timestamp> {
+    line["timestamp"].as_str().and_then(|t| t.parse().ok())
+}
+
+/// The writes a reconcile makes (create the ConfigMap, patch status with a resourceVersion
+/// precondition, create an Event), for `n` objects, `concurrency` at a time; returns the
+/// number of successful writes.
+async fn ceiling_writes(client: &Client, ns: &str, n: usize, concurrency: usize) -> Result<usize> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::events::v1::Event;
+    let mrs: Api<MyResource> = Api::namespaced(client.clone(), ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let objects = mrs.list(&Default::default()).await?.items;
+    let results: Vec<usize> = futures::stream::iter(objects.into_iter().take(n))
+        .map(|mr| {
+            let (mrs, cms, events) = (mrs.clone(), cms.clone(), events.clone());
+            async move {
+                let desired = myresource_operator::reconcile::desired_configmap(&mr);
+                let name = mr.metadata.name.clone().unwrap_or_default();
+                cms.create(&PostParams::default(), &desired).await?;
+                let status = myresource_operator::reconcile::desired_status(&mr, Default::default(), None, Timestamp::now());
+                let patch = json!({"metadata": {"resourceVersion": mr.metadata.resource_version}, "status": status});
+                mrs.patch_status(&name, &Default::default(), &kube::api::Patch::Merge(&patch)).await?;
+                let event: Event = serde_json::from_value(json!({
+                    "metadata": {"generateName": format!("{name}.")},
+                    "eventTime": Timestamp::now().to_string(),
+                    "reportingController": "bench-ceiling", "reportingInstance": "bench",
+                    "action": "Reconcile", "reason": "ConfigMapCreated", "type": "Normal",
+                    "note": format!("ConfigMap {name} created"),
+                    "regarding": {"apiVersion": "trstringer.com/v1", "kind": "MyResource", "name": name, "namespace": mr.metadata.namespace, "uid": mr.metadata.uid},
+                }))?;
+                events.create(&PostParams::default(), &event).await?;
+                anyhow::Ok(3)
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await?;
+    Ok(results.iter().sum())
+}
+
+async fn count_all(mrs: &Api<MyResource>) -> Result<usize> {
+    Ok(mrs.list(&Default::default()).await?.items.len())
+}
+
+/// Creates `n` labelled Pods, 32 at a time.
+async fn create_pods(client: &Client, ns: &str, n: usize) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("p{i}"), "labels": {POD_LABEL: format!("o{i}")}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]}
+                }))?;
+                pods.create(&PostParams::default(), &pod).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
 fn mr(name: &str, i: usize) -> MyResource {
     MyResource::new(
         name,
@@ -445,28 +624,24 @@ fn mr(name: &str, i: usize) -> MyResource {
     )
 }
 
-/// Creates `n` MyResources `o{i}` (and a labelled Pod for each when `pods`), 32 at a time.
+/// Creates `n` MyResources `o{i}` (and a labelled Pod `p{i}` for each when `pods`), 32 at
+/// a time.
 async fn create_objects(client: &Client, ns: &str, n: usize, pods: bool) -> Result<()> {
     let mrs: Api<MyResource> = Api::namespaced(client.clone(), ns);
-    let pod_api: Api<Pod> = Api::namespaced(client.clone(), ns);
     futures::stream::iter(0..n)
         .map(|i| {
-            let (mrs, pod_api) = (mrs.clone(), pod_api.clone());
+            let mrs = mrs.clone();
             async move {
-                mrs.create(&PostParams::default(), &mr(&format!("o{i}"), i)).await?;
-                if pods {
-                    let pod: Pod = serde_json::from_value(json!({
-                        "metadata": {"name": format!("p{i}"), "labels": {POD_LABEL: format!("o{i}")}},
-                        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]}
-                    }))?;
-                    pod_api.create(&PostParams::default(), &pod).await?;
-                }
-                anyhow::Ok(())
+                mrs.create(&PostParams::default(), &mr(&format!("o{i}"), i))
+                    .await
             }
         })
         .buffer_unordered(32)
         .try_collect::<Vec<_>>()
         .await?;
+    if pods {
+        create_pods(client, ns, n).await?;
+    }
     Ok(())
 }
 
