@@ -22,3 +22,13 @@ pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod wait;
+
+/// The controller tutorial's example MyResource, byte for byte.
+pub const TUTORIAL_EXAMPLE: &str = "apiVersion: trstringer.com/v1
+kind: MyResource
+metadata:
+  name: example-myresource
+spec:
+  message: hello world
+  someValue: 13
+";

@@ -222,3 +222,31 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
         .ok()?;
     Some(kib * 1024)
 }
+
+/// Runs a command to completion, feeding it `stdin`; returns its stdout, or fails with its
+/// stderr.
+pub fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String> {
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        anyhow::bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

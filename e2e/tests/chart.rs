@@ -4,13 +4,13 @@
 //! real Prometheus scraping them, evaluating every dashboard query and alert expression.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use e2e::harness::{self, TestEnv};
 use e2e::operator::{Operator, http_get, workspace_root};
-use e2e::process::{Lifetime, spawn};
+use e2e::process::{Lifetime, run, spawn};
 use e2e::wait::poll;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
@@ -23,33 +23,6 @@ use serde_json::{Value, json};
 
 fn chart() -> PathBuf {
     workspace_root().join("charts/myresource-operator")
-}
-
-/// Runs a command; fails with its stderr. Returns stdout.
-fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String> {
-    let mut child = cmd
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {cmd:?}"))?;
-    if let Some(input) = stdin {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Helm with its own cache and config folders (nothing from the user's Helm setup).

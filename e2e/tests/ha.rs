@@ -107,6 +107,16 @@ fn at(line: &serde_json::Value) -> Timestamp {
         .expect("log lines carry a timestamp")
 }
 
+/// Fails when the audit log shows a write by a replica after another had acquired the Lease.
+fn assert_no_overlaps(env: &TestEnv) -> Result<()> {
+    let overlaps = overlaps(env)?;
+    assert!(
+        overlaps.is_empty(),
+        "writes after another replica acquired: {overlaps:?}"
+    );
+    Ok(())
+}
+
 fn overlaps(env: &TestEnv) -> Result<Vec<String>> {
     let events = audit::read(env.shared.audit_log.as_ref().expect("local cluster"))?;
     let terms = audit::acquisitions(&events, &env.namespace, "myresource-operator");
@@ -250,11 +260,7 @@ async fn a_frozen_leader_writes_nothing_after_takeover_and_stays_a_follower() ->
         env.lease_holder().await?.as_deref(),
         Some(replicas[new].config.identity.as_str())
     );
-    let overlaps = overlaps(&env)?;
-    assert!(
-        overlaps.is_empty(),
-        "writes after another replica acquired: {overlaps:?}"
-    );
+    assert_no_overlaps(&env)?;
     Ok(())
 }
 
@@ -327,11 +333,7 @@ async fn a_partitioned_leader_steps_down_in_time_and_rejoins() -> Result<()> {
         env.lease_holder().await?.as_deref(),
         Some(other.config.identity.as_str())
     );
-    let overlaps = overlaps(&env)?;
-    assert!(
-        overlaps.is_empty(),
-        "writes after another replica acquired: {overlaps:?}"
-    );
+    assert_no_overlaps(&env)?;
     Ok(())
 }
 
@@ -381,10 +383,6 @@ async fn ten_leader_kills_under_a_workload_lose_nothing() -> Result<()> {
     }
     wait_converged(&env, remaining).await?;
     eprintln!("converged {:?} after the last kill", last_kill.elapsed());
-    let overlaps = overlaps(&env)?;
-    assert!(
-        overlaps.is_empty(),
-        "writes after another replica acquired: {overlaps:?}"
-    );
+    assert_no_overlaps(&env)?;
     Ok(())
 }

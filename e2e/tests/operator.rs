@@ -13,16 +13,6 @@ use kube::{Api, Client};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL, PodCounts};
 use serde_json::json;
 
-/// The tutorial's example, byte for byte.
-const TUTORIAL_EXAMPLE: &str = "apiVersion: trstringer.com/v1
-kind: MyResource
-metadata:
-  name: example-myresource
-spec:
-  message: hello world
-  someValue: 13
-";
-
 fn myresource(name: &str, message: &str, value: i32) -> MyResource {
     MyResource::new(
         name,
@@ -77,34 +67,18 @@ async fn converged(
 async fn tutorial_example_gets_its_configmap_and_follows_spec_updates() -> Result<()> {
     let env = harness::setup("tutorial").await?;
     let _op = env.start_operator("op", &[]).await?;
-    let applied = std::process::Command::new(e2e::binaries::kubectl()?)
-        .args([
-            "--kubeconfig",
-            env.shared.kubeconfig.to_str().unwrap(),
+    let kubeconfig = format!("--kubeconfig={}", env.shared.kubeconfig.display());
+    e2e::process::run(
+        std::process::Command::new(e2e::binaries::kubectl()?).args([
+            &kubeconfig,
             "-n",
             &env.namespace,
             "apply",
             "-f",
             "-",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(TUTORIAL_EXAMPLE.as_bytes())?;
-            child.wait_with_output()
-        })?;
-    assert!(
-        applied.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+        ]),
+        Some(e2e::TUTORIAL_EXAMPLE),
+    )?;
 
     let started = Instant::now();
     let (mr, cm) = converged(

@@ -30,13 +30,15 @@ pub struct BenchArgs {
     /// Objects: MyResources and as many labelled Pods for throughput, takeover and memory.
     #[arg(long, default_value_t = 10_000)]
     pub objects: usize,
-    /// SIGKILL failover and SIGTERM handover runs per timing set (15/10/2 s and 4/3/1 s).
+    /// SIGKILL failover and SIGTERM handover runs per timing set (15/10/2 s and 4/3/1 s);
+    /// 0 skips them.
     #[arg(long, default_value_t = 5)]
     pub failover_runs: usize,
     /// Objects created one by one for the idle latency section.
     #[arg(long, default_value_t = 200)]
     pub latency_objects: usize,
-    /// Objects per mode in the telemetry section (exporter off, then on at 100 % sampling).
+    /// Objects per mode in the telemetry section (exporter off, then on at 100 % sampling);
+    /// 0 skips it.
     #[arg(long, default_value_t = 500)]
     pub telemetry_objects: usize,
 }
@@ -96,12 +98,16 @@ impl Bench {
         self.throughput_and_takeover(args.objects, args.latency_objects)
             .await?;
         self.memory_per_pod(args.objects).await?;
-        self.telemetry(args.telemetry_objects, 100).await?;
-        for (lease, renew, retry) in [(15, 10, 2), (4, 3, 1)] {
-            self.failover(args.failover_runs, lease, renew, retry, false)
-                .await?;
+        if args.telemetry_objects > 0 {
+            self.telemetry(args.telemetry_objects, 100).await?;
         }
-        self.failover(args.failover_runs, 15, 10, 2, true).await?;
+        if args.failover_runs > 0 {
+            for (lease, renew, retry) in [(15, 10, 2), (4, 3, 1)] {
+                self.failover(args.failover_runs, lease, renew, retry, false)
+                    .await?;
+            }
+            self.failover(args.failover_runs, 15, 10, 2, true).await?;
+        }
         Ok(())
     }
 
@@ -572,7 +578,7 @@ async fn ceiling_writes(client: &Client, ns: &str, n: usize, concurrency: usize)
                 let patch = json!({"metadata": {"resourceVersion": mr.metadata.resource_version}, "status": status});
                 mrs.patch_status(&name, &Default::default(), &kube::api::Patch::Merge(&patch)).await?;
                 let event: Event = serde_json::from_value(json!({
-                    "metadata": {"generateName": format!("{name}.")},
+                    "metadata": {"name": format!("{name}.ceiling")},
                     "eventTime": Timestamp::now().to_string(),
                     "reportingController": "bench-ceiling", "reportingInstance": "bench",
                     "action": "Reconcile", "reason": "ConfigMapCreated", "type": "Normal",

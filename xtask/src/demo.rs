@@ -5,10 +5,10 @@
 //! shows the new leader, the reconcile that followed and the measured failover time.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use e2e::cluster::{Cluster, ClusterConfig};
 use e2e::process::Lifetime;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -17,15 +17,6 @@ use myresource_operator::resource::MyResource;
 
 const REPLICAS: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
 const LEASE: &str = "myresource-operator";
-
-const TUTORIAL_EXAMPLE: &str = "apiVersion: trstringer.com/v1
-kind: MyResource
-metadata:
-  name: example-myresource
-spec:
-  message: hello world
-  someValue: 13
-";
 
 pub async fn run(root: &Path, keep: bool) -> Result<()> {
     let started = Instant::now();
@@ -117,7 +108,7 @@ async fn demo(
     println!("    {leader} leads; the other two are warm followers");
 
     step("applying the tutorial's example and three labelled Pods (two of them Ready)");
-    kc.run(&["apply", "-f", "-"], Some(TUTORIAL_EXAMPLE))?;
+    kc.run(&["apply", "-f", "-"], Some(e2e::TUTORIAL_EXAMPLE))?;
     for i in 0..3 {
         let pod = format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: demo-pod-{i}\n  labels:\n    trstringer.com/myresource: example-myresource\nspec:\n  containers:\n  - name: app\n    image: registry.invalid/app\n"
@@ -148,13 +139,7 @@ async fn demo(
     step("kubectl get myr");
     kc.show(&["get", "myr"])?;
     step("kubectl get configmap example-myresource (owned by the MyResource)");
-    kc.show(&[
-        "get",
-        "configmap",
-        "example-myresource",
-        "-o",
-        "jsonpath={.data}{\"\\n\"}",
-    ])?;
+    kc.show_configmap()?;
     step("who leads: kubectl get lease myresource-operator");
     kc.show(&[
         "get",
@@ -212,13 +197,7 @@ async fn demo(
         );
     }
     kc.show(&["get", "myr"])?;
-    kc.show(&[
-        "get",
-        "configmap",
-        "example-myresource",
-        "-o",
-        "jsonpath={.data}{\"\\n\"}",
-    ])?;
+    kc.show_configmap()?;
     println!(
         "\ndemo finished in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -245,50 +224,26 @@ impl Kubectl {
 
     /// Runs quietly; fails with kubectl's stderr.
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<()> {
-        let mut child = self
-            .command(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running kubectl")?;
-        if let Some(input) = stdin {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .expect("piped")
-                .write_all(input.as_bytes())?;
-        }
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
+        e2e::process::run(&mut self.command(args), stdin).map(|_| ())
     }
 
     /// Runs with its output shown, indented.
     fn show(&self, args: &[&str]) -> Result<()> {
-        let out = self.command(args).output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
+        for line in e2e::process::run(&mut self.command(args), None)?.lines() {
             println!("    {line}");
         }
         Ok(())
+    }
+
+    /// The example's ConfigMap data.
+    fn show_configmap(&self) -> Result<()> {
+        self.show(&[
+            "get",
+            "configmap",
+            "example-myresource",
+            "-o",
+            "jsonpath={.data}{\"\\n\"}",
+        ])
     }
 }
 
