@@ -53,7 +53,7 @@ impl Sink for Controller {
         let span =
             tracing::info_span!("watch.event", trigger = trigger.as_str(), myresource = %key);
         let context = span.context().span().span_context().clone();
-        debug!(parent: &span, "enqueued");
+        debug!(parent: &span, myresource = %key, trigger = trigger.as_str(), "enqueued");
         self.causes.lock().expect("causes lock").insert(
             key.clone(),
             Cause {
@@ -74,10 +74,6 @@ impl Controller {
             leading: AtomicBool::new(false),
             causes: Mutex::new(HashMap::new()),
         }
-    }
-
-    pub fn shards(&self) -> &Shards {
-        &self.shards
     }
 
     /// Runs one leadership term with `workers_per_shard` workers on every shard, until

@@ -80,7 +80,6 @@ pub struct Queue<K> {
     dirty: HashSet<K>,
     failures: HashMap<K, u32>,
     seq: u64,
-    adds: u64,
 }
 
 impl<K: Clone + Eq + Hash + Ord> Queue<K> {
@@ -95,7 +94,6 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             dirty: HashSet::new(),
             failures: HashMap::new(),
             seq: 0,
-            adds: 0,
         }
     }
 
@@ -111,7 +109,6 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         if let Some((at, seq)) = self.delayed_at.remove(&key) {
             self.delayed.remove(&(at, seq, key.clone()));
         }
-        self.adds += 1;
         self.ready_since.insert(key.clone(), Waiting { since: now });
         self.ready.push_back(key);
         true
@@ -224,11 +221,6 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// Keys waiting for a later time (backoff or requeue-after).
     pub fn delayed(&self) -> usize {
         self.delayed.len()
-    }
-
-    /// How many times a key entered the ready list (the `workqueue_adds_total` metric).
-    pub fn adds(&self) -> u64 {
-        self.adds
     }
 
     /// Total and longest time the keys in processing have been running.
@@ -362,7 +354,6 @@ mod tests {
         assert_eq!(longest, Duration::from_millis(70));
         assert_eq!(sum, Duration::from_millis(130));
         assert_eq!(q.in_flight(), 2);
-        assert_eq!(q.adds(), 2);
     }
 
     #[test]

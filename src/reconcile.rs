@@ -15,11 +15,12 @@
 //! re-reconciles every object causes no writes); every write is preceded by a fence check.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -117,6 +118,11 @@ pub enum ConfigMapState {
     Missing,
     /// Ours, but its data or our label differ (someone edited it, or the spec changed).
     Drifted,
+    /// Left behind by an earlier MyResource of the same name (deleted; garbage collection
+    /// has not removed its ConfigMap yet): safe to delete, by uid, and replace.
+    Stale {
+        uid: String,
+    },
     /// Someone else's: the message says whose and what to do.
     OwnedElsewhere(String),
 }
@@ -137,6 +143,17 @@ pub fn classify(
         .find(|o| o.controller == Some(true));
     match controller {
         Some(owner) if owner.uid == uid => {}
+        // Names are unique among live objects, so a MyResource of this name with another uid
+        // is an earlier one that no longer exists.
+        Some(owner)
+            if owner.kind == "MyResource"
+                && owner.api_version.starts_with("trstringer.com/")
+                && owner.name == mr.name_any() =>
+        {
+            return ConfigMapState::Stale {
+                uid: cm.uid().unwrap_or_default(),
+            };
+        }
         Some(owner) => {
             return ConfigMapState::OwnedElsewhere(format!(
                 "ConfigMap {} already exists and is controlled by {} {} (uid {}); delete or \
@@ -232,6 +249,24 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
     let pods = ctx.caches.pods.counts(key);
 
     let mut change = None;
+    if let ConfigMapState::Stale { uid } = &state {
+        // Delete exactly that ConfigMap (uid precondition), then create ours below.
+        ctx.fence.check()?;
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match configmaps.delete(&key.name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => return Err(err.into()),
+        }
+        info!(myresource = %key, "deleted a ConfigMap left by an earlier MyResource of this name");
+        state = ConfigMapState::Missing;
+    }
     if state == ConfigMapState::Missing {
         // Create, not apply: a create cannot overwrite a ConfigMap that exists already,
         // and it costs one request instead of a read and a write.
@@ -246,9 +281,16 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
                 // It exists: someone else's, or ours and our cache has not seen it yet.
                 let existing = configmaps.get_opt(&key.name).await?;
                 state = classify(existing.as_ref(), &desired, &mr);
-                if state == ConfigMapState::Drifted {
-                    apply(ctx, &configmaps, &desired, existing.as_ref()).await?;
-                    change = Some(("ConfigMapUpdated", "updated"));
+                match state {
+                    ConfigMapState::Drifted => {
+                        apply(ctx, &configmaps, &desired, existing.as_ref()).await?;
+                        change = Some(("ConfigMapUpdated", "updated"));
+                    }
+                    // Gone again, or a leftover: look again once the cache has caught up.
+                    ConfigMapState::Missing | ConfigMapState::Stale { .. } => {
+                        return Ok(Outcome::RequeueAfter(Duration::from_millis(200)));
+                    }
+                    ConfigMapState::UpToDate | ConfigMapState::OwnedElsewhere(_) => {}
                 }
             }
             Err(err) => return Err(err.into()),
@@ -404,6 +446,17 @@ mod tests {
             panic!("foreign ConfigMap must not be ours");
         };
         assert!(msg.contains("Deployment web"), "{msg}");
+
+        // The same name but an earlier uid: a leftover of a deleted MyResource.
+        let mut stale = desired.clone();
+        stale.metadata.uid = Some("cm-uid".into());
+        stale.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-0".into();
+        assert_eq!(
+            classify(Some(&stale), &desired, &mr),
+            ConfigMapState::Stale {
+                uid: "cm-uid".into()
+            }
+        );
 
         let mut unowned = desired.clone();
         unowned.metadata.owner_references = None;

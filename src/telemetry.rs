@@ -45,11 +45,6 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Whether spans are exported.
-    pub fn exporting(&self) -> bool {
-        self.exporting
-    }
-
     /// Exports what is still buffered.
     pub fn shutdown(self) {
         if self.exporting

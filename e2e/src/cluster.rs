@@ -345,15 +345,6 @@ impl Cluster {
         client_for(&self.kubeconfig).await
     }
 
-    /// Writes a kubeconfig for a client-certificate user (CN `user`, O `group`).
-    pub fn kubeconfig_for(&self, user: &str, group: Option<&str>) -> Result<PathBuf> {
-        let stem = user.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
-        let cert = self.pki.client(&stem, user, group)?;
-        let path = self.dir.join(format!("{stem}.kubeconfig"));
-        write_kubeconfig(&path, &self.server, &self.pki.ca_cert, user, &cert)?;
-        Ok(path)
-    }
-
     /// The running component called `name` (`etcd`, `kube-apiserver`, `kube-controller-manager`).
     pub fn process(&mut self, name: &str) -> Option<&mut Process> {
         self.processes.iter_mut().find(|p| p.name == name)

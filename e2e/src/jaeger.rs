@@ -1,5 +1,5 @@
 //! A Jaeger (v2, in-memory storage) on loopback ports for the tracing tests: OTLP over gRPC
-//! and HTTP in, the query API out. Every listener is bound to 127.0.0.1 (its defaults would
+//! in, the query API out. Every listener is bound to 127.0.0.1 (its defaults would
 //! listen on all interfaces).
 
 use std::net::SocketAddr;
@@ -19,8 +19,6 @@ use crate::process::{Lifetime, Process, spawn};
 pub struct Jaeger {
     /// OTLP gRPC receiver (`host:port`, no scheme), as the apiserver's tracing config wants it.
     pub otlp_grpc: SocketAddr,
-    /// OTLP HTTP receiver.
-    pub otlp_http: SocketAddr,
     /// Query API (`/api/traces`, `/api/services`).
     pub api: JaegerApi,
     pub process: Process,
@@ -38,17 +36,14 @@ impl Jaeger {
         let binary = crate::binaries::jaeger()?;
         std::fs::create_dir_all(dir)?;
         let addr = || -> Result<SocketAddr> { Ok(format!("127.0.0.1:{}", free_port()?).parse()?) };
-        let (otlp_grpc, otlp_http, query, query_grpc) = (addr()?, addr()?, addr()?, addr()?);
+        let (otlp_grpc, query, query_grpc) = (addr()?, addr()?, addr()?);
         let config = json!({
             "service": {
                 "extensions": ["jaeger_storage", "jaeger_query"],
                 "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["jaeger_storage_exporter"]}},
                 "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "warn"}}
             },
-            "receivers": {"otlp": {"protocols": {
-                "grpc": {"endpoint": otlp_grpc.to_string()},
-                "http": {"endpoint": otlp_http.to_string()}
-            }}},
+            "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": otlp_grpc.to_string()}}}},
             "extensions": {
                 "jaeger_storage": {"backends": {"memstore": {"memory": {"max_traces": 100000}}}},
                 "jaeger_query": {
@@ -77,7 +72,6 @@ impl Jaeger {
         }
         Ok(Jaeger {
             otlp_grpc,
-            otlp_http,
             api: JaegerApi { addr: query },
             process,
         })

@@ -396,3 +396,28 @@ async fn a_crash_in_the_middle_of_100_objects_loses_nothing() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_configmap_left_by_an_earlier_myresource_of_the_same_name_is_replaced() -> Result<()> {
+    let env = harness::setup("stale").await?;
+    // What a deleted MyResource leaves when garbage collection lags: its ConfigMap, controlled
+    // by a MyResource of the same name with another uid.
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let stale: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "again", "labels": {"app.kubernetes.io/managed-by": "myresource-operator"},
+            "ownerReferences": [{"apiVersion": "trstringer.com/v1", "kind": "MyResource", "name": "again",
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]},
+        "data": {"message": "old", "someValue": "0"}
+    }))?;
+    cms.create(&PostParams::default(), &stale).await?;
+    let _op = env.start_operator("op", &[]).await?;
+    Api::<MyResource>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &myresource("again", "new", 2))
+        .await?;
+    let (mr, cm) = converged(&env.client, &env.namespace, "again", "new", 2).await?;
+    assert_eq!(
+        cm.metadata.owner_references.unwrap()[0].uid,
+        mr.metadata.uid.unwrap()
+    );
+    Ok(())
+}
