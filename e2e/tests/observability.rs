@@ -107,7 +107,8 @@ async fn a_reconcile_trace_holds_its_api_requests_and_the_api_servers_spans() ->
                     .collect();
                 let applied = full["spans"].as_array().into_iter().flatten().any(|s| {
                     s["operationName"].as_str().is_some_and(|o| {
-                        o.starts_with("PATCH /api/v1/namespaces/") && o.contains("/configmaps/")
+                        (o.starts_with("POST ") || o.starts_with("PATCH "))
+                            && o.contains("/configmaps")
                     })
                 });
                 if applied && services.contains("apiserver") {
@@ -138,7 +139,7 @@ async fn a_reconcile_trace_holds_its_api_requests_and_the_api_servers_spans() ->
         .find(|s| {
             s["operationName"]
                 .as_str()
-                .is_some_and(|o| o.contains("/configmaps/"))
+                .is_some_and(|o| o.contains("/configmaps"))
                 && tag(s, "http.request.method").is_some()
         })
         .expect("a ConfigMap request span");

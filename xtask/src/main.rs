@@ -149,7 +149,8 @@ fn test(cargo_args: &[String]) -> Result<()> {
     let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cargo
         .current_dir(workspace_root())
-        .args(["test", "--workspace"])
+        // Every suite runs and reports, even after one fails.
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args);
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         // End-to-end tests mostly wait on the API server: run more of them at once than
