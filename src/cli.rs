@@ -81,8 +81,9 @@ pub struct RunArgs {
     #[arg(long, env = "RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub retry_period: Duration,
 
-    /// On SIGTERM, how long in-flight reconciles may take before they are cancelled and the
-    /// Lease is released.
+    /// On SIGTERM the fence closes and in-flight reconciles are cancelled at once (they are
+    /// idempotent; the next leader redoes them); this bounds the wait for the workers to
+    /// stop before the Lease is released anyway.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
