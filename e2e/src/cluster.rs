@@ -408,6 +408,21 @@ fn refuse_if_in_use(dir: &Path) -> Result<()> {
     )
 }
 
+/// Creates a namespace.
+pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
 /// A client from a kubeconfig file.
 pub async fn client_for(kubeconfig: &Path) -> Result<Client> {
     Ok(Client::try_from(config_for(kubeconfig).await?)?)

@@ -11,8 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Result, anyhow};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use crate::cluster::{Cluster, ClusterConfig, client_for};
@@ -138,16 +136,7 @@ pub async fn setup(prefix: &str) -> Result<TestEnv> {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     );
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(namespace.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
+    crate::cluster::create_namespace(&client, &namespace).await?;
     Ok(TestEnv {
         client,
         namespace,

@@ -16,9 +16,9 @@ use e2e::operator::{Operator, OperatorConfig};
 use e2e::process::Lifetime;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL};
@@ -118,16 +118,7 @@ impl Bench {
     }
 
     async fn namespace(&self, name: &str) -> Result<String> {
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &ns)
-            .await?;
+        e2e::cluster::create_namespace(&self.client, name).await?;
         Ok(name.into())
     }
 
@@ -245,7 +236,12 @@ impl Bench {
             async move { Ok(line.and_then(|l| stamp(&l))) }
         })
         .await?;
-        let probes = tokio::spawn(probe_under_load(mrs.clone(), 20));
+        let probes = tokio::spawn(create_spaced(
+            mrs.clone(),
+            "probe",
+            20,
+            Duration::from_millis(200),
+        ));
         wait_all_ready(&mrs, n).await?;
         let probe_starts = probes.await??;
         // From the audit log: the operator's writes and the moment of its last one.
@@ -270,7 +266,13 @@ impl Bench {
         let under_load = latencies(&leader, &probe_starts);
 
         eprintln!("==> event → reconcile start, idle: {latency_objects} objects one at a time");
-        let idle_starts = sequential_creates(&mrs, "idle", latency_objects).await?;
+        let idle_starts = create_spaced(
+            mrs.clone(),
+            "idle",
+            latency_objects,
+            Duration::from_millis(20),
+        )
+        .await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let idle = latencies(&leader, &idle_starts);
 
@@ -500,11 +502,12 @@ async fn sequential_latency(
     Ok(samples)
 }
 
-/// Creates `count` objects one at a time, 20 ms apart; returns (name, create time).
-async fn sequential_creates(
-    mrs: &Api<MyResource>,
-    prefix: &str,
+/// Creates `count` objects one at a time, `gap` apart; returns (name, create time).
+async fn create_spaced(
+    mrs: Api<MyResource>,
+    prefix: &'static str,
     count: usize,
+    gap: Duration,
 ) -> Result<Vec<(String, Timestamp)>> {
     let mut starts = Vec::new();
     for i in 0..count {
@@ -512,20 +515,7 @@ async fn sequential_creates(
         let at = Timestamp::now();
         mrs.create(&PostParams::default(), &mr(&name, i)).await?;
         starts.push((name, at));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(starts)
-}
-
-/// Creates a probe object every 200 ms, `count` in all, while the operator is busy.
-async fn probe_under_load(mrs: Api<MyResource>, count: usize) -> Result<Vec<(String, Timestamp)>> {
-    let mut starts = Vec::new();
-    for i in 0..count {
-        let name = format!("probe{i}");
-        let at = Timestamp::now();
-        mrs.create(&PostParams::default(), &mr(&name, i)).await?;
-        starts.push((name, at));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(gap).await;
     }
     Ok(starts)
 }

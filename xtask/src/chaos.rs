@@ -17,9 +17,9 @@ use e2e::operator::{Operator, OperatorConfig, http_get};
 use e2e::process::Lifetime;
 use e2e::proxy::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL};
 use serde_json::{Value, json};
@@ -139,16 +139,7 @@ pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
     })
     .await?;
     let client = cluster.client().await?;
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NAMESPACE.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
+    e2e::cluster::create_namespace(&client, NAMESPACE).await?;
     let mut chaos = Chaos {
         root: root.to_path_buf(),
         cluster,
