@@ -18,6 +18,7 @@ pub mod cli;
 pub mod controller;
 pub mod election;
 pub mod endpoints;
+pub mod events;
 pub mod fence;
 pub mod key;
 pub mod kubeclient;

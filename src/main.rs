@@ -4,11 +4,11 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Parser;
 use kube::Api;
-use kube::runtime::events::{Recorder, Reporter};
 use myresource_operator::cli::{Cli, Command, RunArgs};
 use myresource_operator::controller::{Controller, StateCollector};
 use myresource_operator::election::{Driver, Elector, Role};
 use myresource_operator::endpoints::{self, Health};
+use myresource_operator::events::Publisher;
 use myresource_operator::fence::Fence;
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
@@ -100,13 +100,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let ctx = Arc::new(Context {
         client: client.clone(),
         caches: caches.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "myresource-operator".into(),
-                instance: Some(identity.clone()),
-            },
-        ),
+        events: Publisher::new(client, "myresource-operator", &identity),
         fence: fence.clone(),
     });
 

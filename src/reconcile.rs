@@ -21,12 +21,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
 use crate::cache::{Caches, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::events::{EventType, Publisher};
 use crate::fence::{Fence, NotLeader};
 use crate::key::ObjectKey;
 use crate::queue::Outcome;
@@ -39,7 +39,7 @@ pub const FIELD_MANAGER: &str = "myresource-operator";
 pub struct Context {
     pub client: Client,
     pub caches: Caches,
-    pub recorder: Recorder,
+    pub events: Publisher,
     pub fence: Fence,
 }
 
@@ -366,14 +366,12 @@ async fn publish(ctx: &Context, mr: &MyResource, type_: EventType, reason: &str,
     if ctx.fence.check().is_err() {
         return;
     }
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.into()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(err) = ctx.recorder.publish(&event, &mr.object_ref(&())).await {
+    let regarding = mr.object_ref(&());
+    if let Err(err) = ctx
+        .events
+        .publish(&regarding, type_, reason, "Reconcile", note)
+        .await
+    {
         warn!(myresource = %ObjectKey::of(mr), error = %err, "could not publish event");
     }
 }

@@ -8,6 +8,7 @@ use anyhow::Result;
 use e2e::harness;
 use e2e::wait::poll;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL, PodCounts};
@@ -187,6 +188,51 @@ async fn configmap_is_restored_and_garbage_collected() -> Result<()> {
     // Deleted by hand → restored.
     cms.delete("kept", &DeleteParams::default()).await?;
     wait_for_data(&cms, "kept", "keep me").await?;
+
+    // Each change has its Event; the second creation joined the first one's series.
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let reasons = poll("Events for kept", Duration::from_secs(20), || {
+        let events = events.clone();
+        async move {
+            let mut seen: Vec<(String, Option<i32>, String)> = events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("kept"))
+                .filter(|e| e.reporting_controller.as_deref() == Some("myresource-operator"))
+                .map(|e| {
+                    let count = e.series.map(|s| s.count);
+                    (
+                        e.reason.unwrap_or_default(),
+                        count,
+                        e.note.unwrap_or_default(),
+                    )
+                })
+                .collect();
+            seen.sort();
+            let done = seen
+                .iter()
+                .any(|(r, c, _)| r == "ConfigMapCreated" && *c == Some(2));
+            Ok(done.then_some(seen))
+        }
+    })
+    .await?;
+    assert_eq!(
+        reasons,
+        vec![
+            (
+                "ConfigMapCreated".to_string(),
+                Some(2),
+                "ConfigMap kept created".to_string()
+            ),
+            (
+                "ConfigMapUpdated".to_string(),
+                None,
+                "ConfigMap kept updated".to_string()
+            ),
+        ]
+    );
 
     // The MyResource deleted → its ConfigMap goes by garbage collection.
     mrs.delete("kept", &DeleteParams::default()).await?;
