@@ -26,17 +26,14 @@ pub fn workspace_root() -> PathBuf {
 pub fn binary() -> Result<PathBuf> {
     static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BINARY
-        .get_or_init(|| build(false).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| built_with("dev").map_err(|e| format!("{e:#}")))
         .clone()
         .map_err(|e| anyhow!("building the operator: {e}"))
 }
 
-/// Builds the operator binary with the release profile (for benchmarks).
-pub fn release_binary() -> Result<PathBuf> {
-    build(true)
-}
-
-fn build(release: bool) -> Result<PathBuf> {
+/// Builds the operator binary with a cargo profile (`release` for benchmarks, `profiling`
+/// for perf) and returns its path.
+pub fn built_with(profile: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(workspace_root())
@@ -49,7 +46,7 @@ fn build(release: bool) -> Result<PathBuf> {
             "myresource-operator",
             "--message-format=json",
         ])
-        .args(release.then_some("--release"))
+        .args(["--profile", profile])
         .output()
         .context("running cargo build")?;
     if !out.status.success() {

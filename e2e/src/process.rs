@@ -223,6 +223,19 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// CPU time (user + system) a process has used so far, in seconds (from /proc/PID/stat).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after its closing parenthesis do not.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    // Fields 14 (utime) and 15 (stime), counted from 1 over the whole line; 3 is "state".
+    let utime: f64 = fields.nth(11)?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((utime + stime) / ticks)
+}
+
 /// Runs a command to completion, feeding it `stdin`; returns its stdout, or fails with its
 /// stderr.
 pub fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<String> {

@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// 0 skips it.
     #[arg(long, default_value_t = 500)]
     pub telemetry_objects: usize,
+    /// The cargo profile the operator is built with: `release`, or `profiling` (release with
+    /// symbols) to run perf against the replicas.
+    #[arg(long, default_value = "release")]
+    pub profile: String,
 }
 
 struct Bench {
@@ -53,8 +57,13 @@ struct Bench {
 }
 
 pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
-    eprintln!("==> building the release binary and starting a local control plane");
-    let binary = e2e::operator::release_binary()?;
+    eprintln!(
+        "==> building the operator ({} profile) and starting a local control plane",
+        args.profile
+    );
+    let binary = e2e::operator::built_with(&args.profile)?;
+    // Replica logs are appended to; an earlier run's lines must not be read as this run's.
+    let _ = std::fs::remove_dir_all(root.join("target/bench/logs"));
     let cluster = Cluster::start(ClusterConfig {
         dir: root.join("target/bench/cluster"),
         otlp_endpoint: None,
@@ -109,6 +118,19 @@ impl Bench {
             self.failover(args.failover_runs, 15, 10, 2, true).await?;
         }
         Ok(())
+    }
+
+    /// CPU seconds used so far by each control-plane component, this process and `extra`.
+    fn cpu(&mut self, extra: &[(&str, u32)]) -> Vec<(String, f64)> {
+        let mut pids: Vec<(String, u32)> = ["etcd", "kube-apiserver", "kube-controller-manager"]
+            .into_iter()
+            .filter_map(|name| Some((name.to_string(), self.cluster.process(name)?.pid)))
+            .collect();
+        pids.push(("bench".into(), std::process::id()));
+        pids.extend(extra.iter().map(|(name, pid)| (name.to_string(), *pid)));
+        pids.into_iter()
+            .map(|(name, pid)| (name, e2e::process::cpu_seconds(pid).unwrap_or(0.0)))
+            .collect()
     }
 
     fn record(&mut self, key: &str, value: Value, line: String) {
@@ -172,7 +194,7 @@ impl Bench {
             let started = Instant::now();
             let mut op = Operator::start(config)?;
             let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), &ns);
-            wait_all_ready(&mrs, n).await?;
+            wait_all_ready(&op, &mrs, n).await?;
             let throughput = n as f64 / started.elapsed().as_secs_f64();
             op.wait_ready().await?;
             let samples = sequential_latency(&self.client, &ns, "t", latency_objects).await?;
@@ -221,12 +243,18 @@ impl Bench {
         eprintln!(
             "==> write ceiling: the writes of {n} reconciles from a minimal client, {concurrency} at a time"
         );
+        let cpu_before = self.cpu(&[]);
         let started = Instant::now();
         let writes = ceiling_writes(&self.client, &ceiling_ns, n, concurrency).await?;
-        let ceiling = writes as f64 / started.elapsed().as_secs_f64();
+        let ceiling_wall = started.elapsed().as_secs_f64();
+        let ceiling = writes as f64 / ceiling_wall;
+        let ceiling_cpu = CpuSplit::between(&cpu_before, &self.cpu(&[]), ceiling_wall);
 
         eprintln!("==> operator cold start with {n} objects (probes measure latency under load)");
         let mut leader = self.replica(&ns, "throughput-a", (15, 10, 2))?;
+        let operator_pid = [("operator", leader.process.pid)];
+        let cpu_before = self.cpu(&operator_pid);
+        let started = Instant::now();
         let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), &ns);
         let acquired = e2e::wait::poll("the operator to lead", Duration::from_secs(120), || {
             let line = leader
@@ -242,7 +270,16 @@ impl Bench {
             20,
             Duration::from_millis(200),
         ));
-        wait_all_ready(&mrs, n).await?;
+        wait_all_ready(&leader, &mrs, n).await?;
+        let ceiling_requests = {
+            let audit = e2e::audit::read(&self.cluster.audit_log)?;
+            request_breakdown(&audit, "", &ceiling_ns)
+        };
+        let cold_start_cpu = CpuSplit::between(
+            &cpu_before,
+            &self.cpu(&operator_pid),
+            started.elapsed().as_secs_f64(),
+        );
         let probe_starts = probes.await??;
         // From the audit log: the operator's writes and the moment of its last one.
         let audit = e2e::audit::read(&self.cluster.audit_log)?;
@@ -256,6 +293,7 @@ impl Bench {
             .filter(|e| e.resource() != "leases" && e.namespace() == ns)
             .collect();
         let operator_writes = leader_writes.len();
+        let requests = request_breakdown(&audit, leader.config.identity.as_str(), &ns);
         let done = leader_writes
             .iter()
             .map(|e| e.stage_timestamp)
@@ -350,6 +388,21 @@ impl Bench {
             "throughput_ratio",
             json!(ratio),
             format!("throughput ratio operator / ceiling: {ratio:.2}"),
+        );
+        self.record(
+            "requests",
+            json!({"ceiling": ceiling_requests, "operator": requests}),
+            format!("requests by verb, resource and code: ceiling {ceiling_requests}; operator {requests}"),
+        );
+        self.record(
+            "cpu_split",
+            json!({"ceiling": ceiling_cpu.json(), "operator_cold_start": cold_start_cpu.json()}),
+            format!(
+                "CPU per process (cores busy on average; the machine has {}): ceiling phase {}; operator cold start (from process start, including its initial LISTs) {}",
+                std::thread::available_parallelism().map_or(0, |n| n.get()),
+                ceiling_cpu,
+                cold_start_cpu
+            ),
         );
         let (e2e_idle, op_idle) = (idle.end_to_end, idle.in_operator);
         let (e2e_load, op_load) = (under_load.end_to_end, under_load.in_operator);
@@ -608,6 +661,51 @@ async fn ceiling_writes(client: &Client, ns: &str, n: usize, concurrency: usize)
     Ok(results.iter().sum())
 }
 
+/// CPU used by each process over a phase, as average cores busy.
+struct CpuSplit {
+    wall_seconds: f64,
+    cores: Vec<(String, f64)>,
+}
+
+impl CpuSplit {
+    fn between(before: &[(String, f64)], after: &[(String, f64)], wall_seconds: f64) -> CpuSplit {
+        let cores = after
+            .iter()
+            .map(|(name, cpu)| {
+                let start = before.iter().find(|(n, _)| n == name).map_or(0.0, |b| b.1);
+                (name.clone(), (cpu - start) / wall_seconds)
+            })
+            .collect();
+        CpuSplit {
+            wall_seconds,
+            cores,
+        }
+    }
+
+    fn json(&self) -> Value {
+        let cores: serde_json::Map<String, Value> = self
+            .cores
+            .iter()
+            .map(|(n, c)| (n.clone(), json!(c)))
+            .collect();
+        json!({"wall_seconds": self.wall_seconds, "cores": cores})
+    }
+}
+
+impl std::fmt::Display for CpuSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "over {:.1} s:", self.wall_seconds)?;
+        for (name, cores) in &self.cores {
+            write!(f, " {name} {cores:.2}")?;
+        }
+        write!(
+            f,
+            " (total {:.2})",
+            self.cores.iter().map(|c| c.1).sum::<f64>()
+        )
+    }
+}
+
 async fn count_all(mrs: &Api<MyResource>) -> Result<usize> {
     Ok(mrs.list(&Default::default()).await?.items.len())
 }
@@ -664,18 +762,57 @@ async fn create_objects(client: &Client, ns: &str, n: usize, pods: bool) -> Resu
     Ok(())
 }
 
-/// Waits until `n` MyResources are Ready, listing every 2 s: listing thousands of objects is
-/// itself load on the API server, which must not slow down what is being measured.
-async fn wait_all_ready(mrs: &Api<MyResource>, n: usize) -> Result<()> {
+/// Waits until `n` MyResources are Ready. Listing thousands of objects is itself heavy load
+/// on the API server, which must not slow down what is being measured: so this watches the
+/// operator's own metrics (at least `n` successful reconciles, an empty queue) and lists
+/// only to confirm.
+async fn wait_all_ready(op: &Operator, mrs: &Api<MyResource>, n: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(900);
-    while count_ready(mrs).await? < n {
+    loop {
         anyhow::ensure!(
             Instant::now() < deadline,
             "objects not all Ready after 900 s"
         );
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (_, text) = e2e::operator::http_get(op.metrics, "/metrics").await?;
+        let sum = |prefix: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let successes =
+            sum("controller_runtime_reconcile_total{controller=\"myresource\",result=\"success\"}");
+        if successes >= n as f64 && sum("workqueue_depth{") == 0.0 && count_ready(mrs).await? >= n {
+            return Ok(());
+        }
     }
-    Ok(())
+}
+
+/// Requests in namespace `ns` by one replica (or, for `""`, by clients other than the
+/// operator), counted by "verb resource[/subresource] code".
+fn request_breakdown(audit: &[e2e::audit::AuditEvent], replica: &str, ns: &str) -> Value {
+    let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+    for e in audit.iter().filter(|e| e.namespace() == ns) {
+        let ours = match e.replica() {
+            Some(r) => r == replica,
+            None => replica.is_empty(),
+        };
+        if !ours || e.resource() == "leases" {
+            continue;
+        }
+        let sub = e.object_ref.as_ref().map_or("", |o| o.subresource.as_str());
+        let code = e.response_status.as_ref().map_or(0, |s| s.code);
+        let resource = if sub.is_empty() {
+            e.resource().to_string()
+        } else {
+            format!("{}/{sub}", e.resource())
+        };
+        *counts
+            .entry(format!("{} {resource} {code}", e.verb))
+            .or_default() += 1;
+    }
+    json!(counts)
 }
 
 async fn count_ready(mrs: &Api<MyResource>) -> Result<usize> {
