@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::echo::{Echoes, Kind};
 use crate::key::ObjectKey;
 use crate::resource::{MyResource, POD_LABEL, PodCounts};
 
@@ -196,6 +197,8 @@ pub struct Caches {
     pub myresources: NamespacedStore<MyResource>,
     pub configmaps: NamespacedStore<ConfigMap>,
     pub pods: PodIndex,
+    /// The operator's own writes awaiting their echo; see [`crate::echo`].
+    pub echoes: Arc<Echoes>,
     synced: watch::Receiver<bool>,
 }
 
@@ -256,6 +259,7 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
     };
     let cm_selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
     let pods = PodIndex::default();
+    let echoes = Arc::new(Echoes::default());
     let mut myresources = Vec::new();
     let mut configmaps = Vec::new();
     for scope in scopes {
@@ -263,8 +267,8 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
         let events = watch::<MyResource>(&client, scope.as_deref(), watcher::Config::default())
             .map(|event| event.map(|e| e.modify(strip_managed_fields)));
         tokio::spawn(reflect(events, writer, gate.clone(), {
-            let sink = sink.clone();
-            move |event: &Event<MyResource>| on_myresource(event, sink.as_ref())
+            let (sink, echoes) = (sink.clone(), echoes.clone());
+            move |event: &Event<MyResource>| on_myresource(event, sink.as_ref(), &echoes)
         }));
         myresources.push((scope.clone(), store));
 
@@ -273,8 +277,8 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
         let events = watch::<ConfigMap>(&client, scope.as_deref(), config)
             .map(|event| event.map(|e| e.modify(strip_managed_fields)));
         tokio::spawn(reflect(events, writer, gate.clone(), {
-            let sink = sink.clone();
-            move |event: &Event<ConfigMap>| on_configmap(event, sink.as_ref())
+            let (sink, echoes) = (sink.clone(), echoes.clone());
+            move |event: &Event<ConfigMap>| on_configmap(event, sink.as_ref(), &echoes)
         }));
         configmaps.push((scope.clone(), store));
 
@@ -297,6 +301,7 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
         },
         configmaps: NamespacedStore { stores: configmaps },
         pods,
+        echoes,
         synced,
     }
 }
@@ -352,24 +357,37 @@ where
     }
 }
 
-fn on_myresource(event: &Event<MyResource>, sink: &dyn Sink) {
+fn on_myresource(event: &Event<MyResource>, sink: &dyn Sink, echoes: &Echoes) {
     match event {
-        Event::Apply(mr) | Event::InitApply(mr) => {
-            sink.changed(ObjectKey::of(mr), Trigger::MyResource)
+        Event::Apply(mr) => {
+            let key = ObjectKey::of(mr);
+            if !echoes.is_echo(Kind::MyResource, &key, mr.resource_version().as_deref()) {
+                sink.changed(key, Trigger::MyResource)
+            }
         }
+        Event::InitApply(mr) => sink.changed(ObjectKey::of(mr), Trigger::MyResource),
         Event::Delete(mr) => {
             // The tutorial's handler logged deletions; the ConfigMap goes by garbage collection.
-            info!(myresource = %ObjectKey::of(mr), "MyResource deleted");
-            sink.changed(ObjectKey::of(mr), Trigger::MyResource);
+            let key = ObjectKey::of(mr);
+            info!(myresource = %key, "MyResource deleted");
+            echoes.is_echo(Kind::MyResource, &key, None);
+            sink.changed(key, Trigger::MyResource);
         }
         Event::Init | Event::InitDone => {}
     }
 }
 
-fn on_configmap(event: &Event<ConfigMap>, sink: &dyn Sink) {
+fn on_configmap(event: &Event<ConfigMap>, sink: &dyn Sink, echoes: &Echoes) {
     match event {
         Event::Apply(cm) | Event::InitApply(cm) | Event::Delete(cm) => {
-            if let Some(owner) = controller_key(cm) {
+            let Some(owner) = controller_key(cm) else {
+                return;
+            };
+            let rv = match event {
+                Event::Apply(_) => cm.resource_version(),
+                _ => None,
+            };
+            if !echoes.is_echo(Kind::ConfigMap, &owner, rv.as_deref()) {
                 sink.changed(owner, Trigger::ConfigMap);
             }
         }

@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod cli;
 pub mod controller;
+pub mod echo;
 pub mod election;
 pub mod endpoints;
 pub mod events;

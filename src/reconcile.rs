@@ -26,6 +26,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::cache::{Caches, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::echo::Kind;
 use crate::events::{EventType, Publisher};
 use crate::fence::{Fence, NotLeader};
 use crate::key::ObjectKey;
@@ -276,7 +277,11 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
             ..Default::default()
         };
         match configmaps.create(&params, &desired).await {
-            Ok(_) => change = Some(("ConfigMapCreated", "created")),
+            Ok(cm) => {
+                let echoes = &ctx.caches.echoes;
+                echoes.wrote(Kind::ConfigMap, key, cm.resource_version());
+                change = Some(("ConfigMapCreated", "created"));
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 // It exists: someone else's, or ours and our cache has not seen it yet.
                 let existing = configmaps.get_opt(&key.name).await?;
@@ -319,8 +324,11 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
             "metadata": {"resourceVersion": mr.resource_version()},
             "status": status,
         });
-        api.patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        let written = api
+            .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        let echoes = &ctx.caches.echoes;
+        echoes.wrote(Kind::MyResource, key, written.resource_version());
         if let Some((reason, message)) = problem {
             let was = mr
                 .status
@@ -351,13 +359,16 @@ async fn apply(
     let mut body = desired.clone();
     body.metadata.resource_version = existing.and_then(|cm| cm.resource_version());
     let name = body.metadata.name.clone().unwrap_or_default();
-    configmaps
+    let written = configmaps
         .patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&body),
         )
         .await?;
+    let key = ObjectKey::new(written.namespace().unwrap_or_default(), name);
+    let echoes = &ctx.caches.echoes;
+    echoes.wrote(Kind::ConfigMap, &key, written.resource_version());
     Ok(())
 }
 
