@@ -268,7 +268,7 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
             .map(|event| event.map(|e| e.modify(strip_managed_fields)));
         tokio::spawn(reflect(events, writer, gate.clone(), {
             let (sink, echoes) = (sink.clone(), echoes.clone());
-            move |event: &Event<MyResource>| on_myresource(event, sink.as_ref(), &echoes)
+            move |change| on_myresource(change, sink.as_ref(), &echoes)
         }));
         myresources.push((scope.clone(), store));
 
@@ -278,7 +278,7 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
             .map(|event| event.map(|e| e.modify(strip_managed_fields)));
         tokio::spawn(reflect(events, writer, gate.clone(), {
             let (sink, echoes) = (sink.clone(), echoes.clone());
-            move |event: &Event<ConfigMap>| on_configmap(event, sink.as_ref(), &echoes)
+            move |change| on_configmap(change, sink.as_ref(), &echoes)
         }));
         configmaps.push((scope.clone(), store));
 
@@ -332,66 +332,93 @@ where
     watcher::watcher(api, config).default_backoff()
 }
 
-async fn reflect<K, S, F>(events: S, mut writer: Writer<K>, gate: SyncGate, mut on_event: F)
+/// A change as the caches report it, once the store reflects it.
+enum Change<'a, K> {
+    Applied(&'a K),
+    Deleted(&'a K),
+    /// In the store before or after a re-list (which may hide any change in between).
+    Relisted(&'a K),
+}
+
+/// Applies watch events to a store and reports each change once the store shows it.
+///
+/// Invariant: a re-list is reported at `InitDone`, after the writer has swapped in the new
+/// list, for every object in the store before it or after it: reporting at `InitApply`
+/// would let a worker read the store before the swap, find the old object up to date and
+/// never look again (the chaos suite caught this after an API server restart).
+async fn reflect<K, S, F>(events: S, mut writer: Writer<K>, gate: SyncGate, mut on_change: F)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + 'static,
     S: Stream<Item = watcher::Result<Event<K>>>,
-    F: FnMut(&Event<K>),
+    F: FnMut(Change<'_, K>),
 {
     let mut events = std::pin::pin!(events);
+    let reader = writer.as_reader();
+    let mut before_relist = Vec::new();
     let mut synced = false;
     while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => {
-                writer.apply_watcher_event(&event);
-                on_event(&event);
-                if matches!(event, Event::InitDone) && !synced {
+        let event = match event {
+            Ok(event) => event,
+            Err(err) => {
+                warn!(error = %err, kind = K::kind(&()).as_ref(), "watch failed; retrying");
+                continue;
+            }
+        };
+        if matches!(event, Event::Init) {
+            before_relist = reader.state();
+        }
+        writer.apply_watcher_event(&event);
+        match &event {
+            Event::Apply(object) => on_change(Change::Applied(object)),
+            Event::Delete(object) => on_change(Change::Deleted(object)),
+            Event::Init | Event::InitApply(_) => {}
+            Event::InitDone => {
+                for object in before_relist.drain(..).chain(reader.state()) {
+                    on_change(Change::Relisted(&object));
+                }
+                if !synced {
                     // Only the first list counts; later re-lists keep the cache synced.
                     synced = true;
                     debug!(kind = K::kind(&()).as_ref(), "initial list complete");
                     gate.done();
                 }
             }
-            Err(err) => warn!(error = %err, kind = K::kind(&()).as_ref(), "watch failed; retrying"),
         }
     }
 }
 
-fn on_myresource(event: &Event<MyResource>, sink: &dyn Sink, echoes: &Echoes) {
-    match event {
-        Event::Apply(mr) => {
+fn on_myresource(change: Change<'_, MyResource>, sink: &dyn Sink, echoes: &Echoes) {
+    match change {
+        Change::Applied(mr) => {
             let key = ObjectKey::of(mr);
             if !echoes.is_echo(Kind::MyResource, &key, mr.resource_version().as_deref()) {
                 sink.changed(key, Trigger::MyResource)
             }
         }
-        Event::InitApply(mr) => sink.changed(ObjectKey::of(mr), Trigger::MyResource),
-        Event::Delete(mr) => {
+        Change::Deleted(mr) => {
             // The tutorial's handler logged deletions; the ConfigMap goes by garbage collection.
             let key = ObjectKey::of(mr);
             info!(myresource = %key, "MyResource deleted");
             echoes.is_echo(Kind::MyResource, &key, None);
             sink.changed(key, Trigger::MyResource);
         }
-        Event::Init | Event::InitDone => {}
+        Change::Relisted(mr) => {
+            let key = ObjectKey::of(mr);
+            echoes.is_echo(Kind::MyResource, &key, None);
+            sink.changed(key, Trigger::MyResource);
+        }
     }
 }
 
-fn on_configmap(event: &Event<ConfigMap>, sink: &dyn Sink, echoes: &Echoes) {
-    match event {
-        Event::Apply(cm) | Event::InitApply(cm) | Event::Delete(cm) => {
-            let Some(owner) = controller_key(cm) else {
-                return;
-            };
-            let rv = match event {
-                Event::Apply(_) => cm.resource_version(),
-                _ => None,
-            };
-            if !echoes.is_echo(Kind::ConfigMap, &owner, rv.as_deref()) {
-                sink.changed(owner, Trigger::ConfigMap);
-            }
-        }
-        Event::Init | Event::InitDone => {}
+fn on_configmap(change: Change<'_, ConfigMap>, sink: &dyn Sink, echoes: &Echoes) {
+    let (cm, rv) = match change {
+        Change::Applied(cm) => (cm, cm.resource_version()),
+        Change::Deleted(cm) | Change::Relisted(cm) => (cm, None),
+    };
+    if let Some(owner) = controller_key(cm)
+        && !echoes.is_echo(Kind::ConfigMap, &owner, rv.as_deref())
+    {
+        sink.changed(owner, Trigger::ConfigMap);
     }
 }
 
@@ -498,6 +525,80 @@ fn slim(pod: &Pod) -> Option<(ObjectKey, ObjectKey, PodEntry)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cm(name: &str, rv: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        cm.metadata.namespace = Some("ns".into());
+        cm.metadata.resource_version = Some(rv.into());
+        cm
+    }
+
+    /// Runs `events` through [`reflect`]; returns, for each change reported, what it was and
+    /// the resourceVersion the store held for that object at that moment.
+    async fn reflected(events: Vec<Event<ConfigMap>>) -> Vec<(String, String, Option<String>)> {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let (synced, _rx) = watch::channel(false);
+        let gate = SyncGate {
+            remaining: Arc::new(std::sync::atomic::AtomicUsize::new(1)),
+            synced: Arc::new(synced),
+        };
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = {
+            let seen = seen.clone();
+            move |change: Change<'_, ConfigMap>| {
+                let (what, cm) = match change {
+                    Change::Applied(cm) => ("applied", cm),
+                    Change::Deleted(cm) => ("deleted", cm),
+                    Change::Relisted(cm) => ("relisted", cm),
+                };
+                let in_store = store
+                    .get(&reflector::ObjectRef::new(&cm.name_any()).within("ns"))
+                    .and_then(|c| c.resource_version());
+                seen.lock()
+                    .unwrap()
+                    .push((what.to_string(), cm.name_any(), in_store));
+            }
+        };
+        let stream = futures::stream::iter(events.into_iter().map(Ok));
+        reflect(stream, writer, gate, record).await;
+        // Store order is hash order: compare sorted.
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort();
+        seen
+    }
+
+    #[tokio::test]
+    async fn a_relist_is_reported_once_the_store_holds_it_for_old_and_new_objects() {
+        let seen = reflected(vec![
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::InitApply(cm("b", "1")),
+            Event::InitDone,
+            Event::Apply(cm("a", "2")),
+            // A re-list after a gap in which b was deleted and a changed again.
+            Event::Init,
+            Event::InitApply(cm("a", "3")),
+            Event::InitDone,
+        ])
+        .await;
+        let row = |what: &str, name: &str, rv: Option<&str>| {
+            (what.to_string(), name.to_string(), rv.map(String::from))
+        };
+        // The first list: a and b at 1. Then a applied at 2. Then the re-list, reported
+        // after the swap for the old (a, b) and the new (a) contents: a worker reading the
+        // store finds a at 3 and b gone, never the state before the re-list.
+        let mut want = vec![
+            row("applied", "a", Some("2")),
+            row("relisted", "a", Some("1")),
+            row("relisted", "a", Some("3")),
+            row("relisted", "a", Some("3")),
+            row("relisted", "b", Some("1")),
+            row("relisted", "b", None),
+        ];
+        want.sort();
+        assert_eq!(seen, want);
+    }
 
     fn k(name: &str) -> ObjectKey {
         ObjectKey::new("ns", name)
