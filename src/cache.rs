@@ -399,26 +399,32 @@ fn on_myresource(change: Change<'_, MyResource>, sink: &dyn Sink, echoes: &Echoe
             // The tutorial's handler logged deletions; the ConfigMap goes by garbage collection.
             let key = ObjectKey::of(mr);
             info!(myresource = %key, "MyResource deleted");
-            echoes.is_echo(Kind::MyResource, &key, None);
+            echoes.forget(Kind::MyResource, &key);
             sink.changed(key, Trigger::MyResource);
         }
         Change::Relisted(mr) => {
             let key = ObjectKey::of(mr);
-            echoes.is_echo(Kind::MyResource, &key, None);
+            echoes.forget(Kind::MyResource, &key);
             sink.changed(key, Trigger::MyResource);
         }
     }
 }
 
 fn on_configmap(change: Change<'_, ConfigMap>, sink: &dyn Sink, echoes: &Echoes) {
-    let (cm, rv) = match change {
-        Change::Applied(cm) => (cm, cm.resource_version()),
-        Change::Deleted(cm) | Change::Relisted(cm) => (cm, None),
-    };
-    if let Some(owner) = controller_key(cm)
-        && !echoes.is_echo(Kind::ConfigMap, &owner, rv.as_deref())
-    {
-        sink.changed(owner, Trigger::ConfigMap);
+    match change {
+        Change::Applied(cm) => {
+            if let Some(owner) = controller_key(cm)
+                && !echoes.is_echo(Kind::ConfigMap, &owner, cm.resource_version().as_deref())
+            {
+                sink.changed(owner, Trigger::ConfigMap);
+            }
+        }
+        Change::Deleted(cm) | Change::Relisted(cm) => {
+            if let Some(owner) = controller_key(cm) {
+                echoes.forget(Kind::ConfigMap, &owner);
+                sink.changed(owner, Trigger::ConfigMap);
+            }
+        }
     }
 }
 

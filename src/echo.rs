@@ -46,6 +46,11 @@ impl Echoes {
         written.is_some() && written.as_deref() == resource_version
     }
 
+    /// Forgets the last write to the object (it was deleted or re-listed).
+    pub fn forget(&self, kind: Kind, key: &ObjectKey) {
+        self.lock().remove(&(kind, key.clone()));
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Kind, ObjectKey), String>> {
         self.written.lock().expect("echoes lock")
     }
@@ -87,9 +92,10 @@ mod tests {
         echoes.wrote(Kind::ConfigMap, &key("a"), Some("12".into()));
         assert!(!echoes.is_echo(Kind::ConfigMap, &key("a"), Some("13")));
         assert!(!echoes.is_echo(Kind::ConfigMap, &key("a"), Some("12")));
-        // Deleted objects have no resourceVersion to compare with.
+        // Deleted or re-listed.
         echoes.wrote(Kind::ConfigMap, &key("b"), Some("14".into()));
-        assert!(!echoes.is_echo(Kind::ConfigMap, &key("b"), None));
+        echoes.forget(Kind::ConfigMap, &key("b"));
+        assert!(!echoes.is_echo(Kind::ConfigMap, &key("b"), Some("14")));
         assert!(echoes.is_empty());
     }
 
