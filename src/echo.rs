@@ -25,43 +25,42 @@ pub enum Kind {
     ConfigMap,
 }
 
-/// The resourceVersion of the last write of ours to each object, until its echo arrives.
+/// The resourceVersion of the last write of ours to each object, until its echo arrives:
+/// one map per [`Kind`], so a lookup on every watch event needs no key of its own.
 #[derive(Debug, Default)]
 pub struct Echoes {
-    written: Mutex<HashMap<(Kind, ObjectKey), String>>,
+    written: Mutex<[HashMap<ObjectKey, String>; 2]>,
 }
 
 impl Echoes {
     /// Records a successful write of ours and the resourceVersion it produced.
     pub fn wrote(&self, kind: Kind, key: &ObjectKey, resource_version: Option<String>) {
         if let Some(rv) = resource_version {
-            self.lock().insert((kind, key.clone()), rv);
+            self.with(kind, |written| written.insert(key.clone(), rv));
         }
     }
 
     /// Whether an observed change of the object is the echo of our last write to it.
     /// Forgets that write either way: only the next event can be its echo.
     pub fn is_echo(&self, kind: Kind, key: &ObjectKey, resource_version: Option<&str>) -> bool {
-        let written = self.lock().remove(&(kind, key.clone()));
+        let written = self.with(kind, |written| written.remove(key));
         written.is_some() && written.as_deref() == resource_version
     }
 
     /// Forgets the last write to the object (it was deleted or re-listed).
     pub fn forget(&self, kind: Kind, key: &ObjectKey) {
-        self.lock().remove(&(kind, key.clone()));
+        self.with(kind, |written| written.remove(key));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Kind, ObjectKey), String>> {
-        self.written.lock().expect("echoes lock")
+    fn with<T>(&self, kind: Kind, f: impl FnOnce(&mut HashMap<ObjectKey, String>) -> T) -> T {
+        f(&mut self.written.lock().expect("echoes lock")[kind as usize])
     }
 
     /// How many writes await their echo.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let written = self.written.lock().expect("echoes lock");
+        written.iter().map(HashMap::len).sum()
     }
 }
 
@@ -82,7 +81,7 @@ mod tests {
         assert!(echoes.is_echo(Kind::MyResource, &key("a"), Some("12")));
         // Consumed: the same state seen again (a re-list) is not an echo.
         assert!(!echoes.is_echo(Kind::MyResource, &key("a"), Some("12")));
-        assert!(echoes.is_empty());
+        assert_eq!(echoes.len(), 0);
     }
 
     #[test]
@@ -96,7 +95,7 @@ mod tests {
         echoes.wrote(Kind::ConfigMap, &key("b"), Some("14".into()));
         echoes.forget(Kind::ConfigMap, &key("b"));
         assert!(!echoes.is_echo(Kind::ConfigMap, &key("b"), Some("14")));
-        assert!(echoes.is_empty());
+        assert_eq!(echoes.len(), 0);
     }
 
     #[test]

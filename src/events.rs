@@ -123,12 +123,9 @@ impl Recent {
     }
 
     /// How many keys are remembered.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.seen.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
     }
 }
 
@@ -309,7 +306,7 @@ mod tests {
         let mut recent = Recent::new(t0);
         recent.observe(key("R"), "a.1", t0);
         recent.forget(&key("R"));
-        assert!(recent.is_empty());
+        assert_eq!(recent.len(), 0);
         assert_eq!(recent.observe(key("R"), "a.2", t0), Decision::Create);
     }
 }

@@ -288,7 +288,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
                 state = classify(existing.as_ref(), &desired, &mr);
                 match state {
                     ConfigMapState::Drifted => {
-                        apply(ctx, &configmaps, &desired, existing.as_ref()).await?;
+                        apply(ctx, key, &configmaps, &desired, existing.as_ref()).await?;
                         change = Some(("ConfigMapUpdated", "updated"));
                     }
                     // Gone again, or a leftover: look again once the cache has caught up.
@@ -301,7 +301,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
             Err(err) => return Err(err.into()),
         }
     } else if state == ConfigMapState::Drifted {
-        apply(ctx, &configmaps, &desired, cached.as_deref()).await?;
+        apply(ctx, key, &configmaps, &desired, cached.as_deref()).await?;
         change = Some(("ConfigMapUpdated", "updated"));
     }
     if let Some((reason, verb)) = change {
@@ -351,6 +351,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
 /// cache), the apply conflicts and the key is retried instead of overwriting.
 async fn apply(
     ctx: &Context,
+    key: &ObjectKey,
     configmaps: &Api<ConfigMap>,
     desired: &ConfigMap,
     existing: Option<&ConfigMap>,
@@ -358,17 +359,15 @@ async fn apply(
     ctx.fence.check()?;
     let mut body = desired.clone();
     body.metadata.resource_version = existing.and_then(|cm| cm.resource_version());
-    let name = body.metadata.name.clone().unwrap_or_default();
     let written = configmaps
         .patch(
-            &name,
+            &key.name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&body),
         )
         .await?;
-    let key = ObjectKey::new(written.namespace().unwrap_or_default(), name);
     let echoes = &ctx.caches.echoes;
-    echoes.wrote(Kind::ConfigMap, &key, written.resource_version());
+    echoes.wrote(Kind::ConfigMap, key, written.resource_version());
     Ok(())
 }
 

@@ -306,7 +306,7 @@ impl Bench {
         let ceiling_cpu = CpuSplit::combine(&before.2, &after.2);
         let ceiling_requests = {
             let audit = e2e::audit::read(&self.cluster.audit_log)?;
-            request_breakdown(&audit, "", &ceiling_ns)
+            request_breakdown(&audit, None, &ceiling_ns)
         };
         // From the audit log: the operator's writes and the moment of its last one.
         let audit = e2e::audit::read(&self.cluster.audit_log)?;
@@ -320,7 +320,7 @@ impl Bench {
             .filter(|e| e.resource() != "leases" && e.namespace() == ns)
             .collect();
         let operator_writes = leader_writes.len();
-        let requests = request_breakdown(&audit, leader.config.identity.as_str(), &ns);
+        let requests = request_breakdown(&audit, Some(&leader.config.identity), &ns);
         let done = leader_writes
             .iter()
             .map(|e| e.stage_timestamp)
@@ -855,16 +855,12 @@ async fn metric_sum(op: &Operator, prefix: &str) -> Result<f64> {
         .sum())
 }
 
-/// Requests in namespace `ns` by one replica (or, for `""`, by clients other than the
+/// Requests in namespace `ns` by one replica (or, for `None`, by clients other than the
 /// operator), counted by "verb resource[/subresource] code".
-fn request_breakdown(audit: &[e2e::audit::AuditEvent], replica: &str, ns: &str) -> Value {
+fn request_breakdown(audit: &[e2e::audit::AuditEvent], replica: Option<&str>, ns: &str) -> Value {
     let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
     for e in audit.iter().filter(|e| e.namespace() == ns) {
-        let ours = match e.replica() {
-            Some(r) => r == replica,
-            None => replica.is_empty(),
-        };
-        if !ours || e.resource() == "leases" {
+        if e.replica() != replica || e.resource() == "leases" {
             continue;
         }
         let sub = e.object_ref.as_ref().map_or("", |o| o.subresource.as_str());
