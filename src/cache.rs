@@ -9,17 +9,23 @@
 //!
 //! Every change is reported to a [`Sink`] as the MyResource key it affects, so that the
 //! caller (the controller) decides whether to enqueue it; the caches never enqueue.
-//! Invariant: [`Caches::synced`] is true only after every watcher has completed its initial
-//! list, and stays true across re-lists (a re-list swaps the contents atomically).
+//! Invariants: [`Caches::synced`] is true only after every watcher has completed its initial
+//! list, and stays true across re-lists (a re-list swaps the contents atomically). A failed
+//! watch is retried with kube's exponential backoff (0.8 s to 30 s), cut short by the API
+//! server's return ([`Reachability`]): after an outage the caches catch up within a retry
+//! period of the election's first successful request, not at the backoff's cap (client-go's
+//! reflectors wait out the same 30 s cap).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, reflector::store::Writer};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -27,7 +33,9 @@ use tracing::{debug, info, warn};
 
 use crate::echo::{Echoes, Kind};
 use crate::key::ObjectKey;
+use crate::kubeclient::Reachability;
 use crate::resource::{MyResource, POD_LABEL, PodCounts};
+use crate::throttle::{Throttle, Verdict};
 
 /// The label on every ConfigMap this operator owns.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -246,7 +254,12 @@ impl SyncGate {
 
 /// Starts the watchers (per resource and watched namespace; all namespaces when
 /// `namespaces` is empty) and returns the caches. The watchers run until the process ends.
-pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Caches {
+pub fn start(
+    client: Client,
+    namespaces: &[String],
+    sink: Arc<dyn Sink>,
+    reachability: &Reachability,
+) -> Caches {
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {
@@ -264,8 +277,13 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
     let mut configmaps = Vec::new();
     for scope in scopes {
         let (store, writer) = reflector::store::<MyResource>();
-        let events = watch::<MyResource>(&client, scope.as_deref(), watcher::Config::default())
-            .map(|event| event.map(|e| e.modify(strip_managed_fields)));
+        let events = watch::<MyResource>(
+            &client,
+            scope.as_deref(),
+            watcher::Config::default(),
+            reachability,
+        )
+        .map(|e| e.modify(strip_managed_fields));
         tokio::spawn(reflect(events, writer, gate.clone(), {
             let (sink, echoes) = (sink.clone(), echoes.clone());
             move |change| on_myresource(change, sink.as_ref(), &echoes)
@@ -274,8 +292,8 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
 
         let (store, writer) = reflector::store::<ConfigMap>();
         let config = watcher::Config::default().labels(&cm_selector);
-        let events = watch::<ConfigMap>(&client, scope.as_deref(), config)
-            .map(|event| event.map(|e| e.modify(strip_managed_fields)));
+        let events = watch::<ConfigMap>(&client, scope.as_deref(), config, reachability)
+            .map(|e| e.modify(strip_managed_fields));
         tokio::spawn(reflect(events, writer, gate.clone(), {
             let (sink, echoes) = (sink.clone(), echoes.clone());
             move |change| on_configmap(change, sink.as_ref(), &echoes)
@@ -286,6 +304,7 @@ pub fn start(client: Client, namespaces: &[String], sink: Arc<dyn Sink>) -> Cach
             &client,
             scope.as_deref(),
             watcher::Config::default().labels(POD_LABEL),
+            reachability,
         );
         tokio::spawn(index_pods(
             events,
@@ -311,12 +330,13 @@ fn strip_managed_fields<K: Resource>(object: &mut K) {
     object.managed_fields_mut().clear();
 }
 
-/// The watch events of `K` in one namespace, or in all of them.
+/// The watch events of `K` in one namespace, or in all of them; see [`retried`].
 fn watch<K>(
     client: &Client,
     namespace: Option<&str>,
     config: watcher::Config,
-) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+    reachability: &Reachability,
+) -> impl Stream<Item = Event<K>> + Send + 'static
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -329,7 +349,70 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    watcher::watcher(api, config).default_backoff()
+    retried(
+        watcher::watcher(api, config),
+        reachability.subscribe(),
+        K::kind(&()).to_string(),
+    )
+}
+
+/// How often a watch that keeps failing is logged.
+const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// A watcher's events with its failures retried: after a failure it waits kube's
+/// exponential backoff or until the API server answers again (`returns` moves), whichever
+/// comes first. Failures are logged at a bounded rate.
+fn retried<K, S>(
+    events: S,
+    returns: watch::Receiver<u64>,
+    kind: String,
+) -> impl Stream<Item = Event<K>> + Send + 'static
+where
+    K: Send + 'static,
+    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+{
+    struct State<S> {
+        events: std::pin::Pin<Box<S>>,
+        backoff: DefaultBackoff,
+        throttle: Throttle,
+        returns: watch::Receiver<u64>,
+        kind: String,
+    }
+    let state = State {
+        events: Box::pin(events),
+        backoff: DefaultBackoff::default(),
+        throttle: Throttle::new(LOG_EVERY),
+        returns,
+        kind,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            let err = match st.events.next().await? {
+                Ok(event) => {
+                    st.backoff.reset();
+                    if let Some(failures) = st.throttle.succeeded() {
+                        info!(kind = %st.kind, failures, "watch works again");
+                    }
+                    return Some((event, st));
+                }
+                Err(err) => err,
+            };
+            if let Verdict::Log { suppressed } = st.throttle.failed(Instant::now()) {
+                warn!(error = %err, kind = %st.kind, suppressed, "watch failed; retrying");
+            }
+            let delay = st.backoff.next().unwrap_or(Duration::from_secs(30));
+            st.returns.borrow_and_update();
+            let returned = async {
+                if st.returns.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = returned => debug!(kind = %st.kind, "the API server answers again: retrying the watch now"),
+            }
+        }
+    })
 }
 
 /// A change as the caches report it, once the store reflects it.
@@ -349,7 +432,7 @@ enum Change<'a, K> {
 async fn reflect<K, S, F>(events: S, mut writer: Writer<K>, gate: SyncGate, mut on_change: F)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + 'static,
-    S: Stream<Item = watcher::Result<Event<K>>>,
+    S: Stream<Item = Event<K>>,
     F: FnMut(Change<'_, K>),
 {
     let mut events = std::pin::pin!(events);
@@ -357,13 +440,6 @@ where
     let mut before_relist = Vec::new();
     let mut synced = false;
     while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(err) => {
-                warn!(error = %err, kind = K::kind(&()).as_ref(), "watch failed; retrying");
-                continue;
-            }
-        };
         if matches!(event, Event::Init) {
             before_relist = reader.state();
         }
@@ -444,19 +520,12 @@ async fn index_pods<S>(
     sink: Arc<dyn Sink>,
     gate: SyncGate,
 ) where
-    S: Stream<Item = watcher::Result<Event<Pod>>>,
+    S: Stream<Item = Event<Pod>>,
 {
     let mut events = std::pin::pin!(events);
     let mut relist: Option<PodTable> = None;
     let mut synced = false;
     while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(err) => {
-                warn!(error = %err, "pod watch failed; retrying");
-                continue;
-            }
-        };
         match event {
             Event::Init => relist = Some(PodTable::default()),
             Event::InitApply(pod) => {
@@ -540,6 +609,48 @@ mod tests {
         cm
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_watch_is_retried_as_soon_as_the_api_server_answers_again() {
+        let reachability = Reachability::default();
+        let events = futures::stream::iter(vec![
+            Err(watcher::Error::NoResourceVersion),
+            Ok(Event::<ConfigMap>::InitDone),
+        ]);
+        let mut events = Box::pin(retried(
+            events,
+            reachability.subscribe(),
+            "ConfigMap".into(),
+        ));
+        let started = tokio::time::Instant::now();
+        let r = reachability.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            r.record(None);
+            r.record(Some(200));
+        });
+        assert!(matches!(events.next().await, Some(Event::InitDone)));
+        // kube's first backoff step is 800 ms; the return cut it short.
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_millis(500), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_return_a_failed_watch_waits_its_backoff() {
+        let events = futures::stream::iter(vec![
+            Err(watcher::Error::NoResourceVersion),
+            Ok(Event::<ConfigMap>::InitDone),
+        ]);
+        let reachability = Reachability::default();
+        let mut events = Box::pin(retried(
+            events,
+            reachability.subscribe(),
+            "ConfigMap".into(),
+        ));
+        let started = tokio::time::Instant::now();
+        assert!(matches!(events.next().await, Some(Event::InitDone)));
+        assert!(started.elapsed() >= Duration::from_millis(500));
+    }
+
     /// Runs `events` through [`reflect`]; returns, for each change reported, what it was and
     /// the resourceVersion the store held for that object at that moment.
     async fn reflected(events: Vec<Event<ConfigMap>>) -> Vec<(String, String, Option<String>)> {
@@ -566,7 +677,7 @@ mod tests {
                     .push((what.to_string(), cm.name_any(), in_store));
             }
         };
-        let stream = futures::stream::iter(events.into_iter().map(Ok));
+        let stream = futures::stream::iter(events);
         reflect(stream, writer, gate, record).await;
         // Store order is hash order: compare sorted.
         let mut seen = seen.lock().unwrap().clone();

@@ -1,7 +1,10 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease, with client-go's semantics.
+//! Leader election on a `coordination.k8s.io/v1` Lease, with client-go's semantics and
+//! stricter rules where client-go can elect two leaders.
 //!
 //! The decision logic ([`Elector`]) is pure: it is fed what was read and written, and the
-//! monotonic time, and says what to do next. The driver ([`run`]) does the I/O.
+//! monotonic time, and says what to do next. The driver ([`Driver`]) does the I/O and tells
+//! [`Leadership`] (the one owner of the fence and the role) when a term begins, continues
+//! or ends.
 //!
 //! Guarantees (with `lease_duration > renew_deadline > retry_period`, checked by
 //! [`Timings::new`]):
@@ -9,21 +12,36 @@
 //!   candidates at most one succeeds (the other gets 409 Conflict); a deposed leader's renew
 //!   conflicts instead of extending the new leader's term. The Lease is created only when
 //!   absent (a concurrent create gets 409 AlreadyExists).
-//! - Expiry is judged on this replica's monotonic clock: a holder's lease is expired when the
-//!   record (its resourceVersion) has not changed for `lease_duration` since this replica
-//!   first observed it. The remote `renewTime` is written for humans and never compared with
-//!   the local clock, so clock skew between replicas cannot cause two leaders.
-//! - The leader's writes are fenced ([`Fence`]) until `start of its last successful renew +
+//! - Expiry is judged on this replica's monotonic clock from when it first observed the
+//!   current *election record* (holder, acquire and renew times, transitions, duration):
+//!   metadata-only writes (labels, annotations, a new resourceVersion) never restart it. The
+//!   remote `renewTime` is never compared with the local clock, so clock skew cannot cause
+//!   two leaders. The duration waited is the larger of this replica's `--lease-duration`
+//!   and the record's `leaseDurationSeconds`, so replicas with different timings (a rolling
+//!   upgrade that shortens them) never take over before the holder's own fence closes.
+//! - The leader's writes are fenced until `start of its last successful renew +
 //!   renew_deadline`. Another replica observes that renew no earlier than it started, and
-//!   acquires no earlier than `lease_duration` after that observation, which is later than
+//!   acquires no earlier than a lease duration after that observation, which is later than
 //!   the fence closes (as long as the clocks' rates agree to within
 //!   `lease_duration / renew_deadline`).
-//! - Each renew request has its own timeout (at most `retry_period`, never past the renew
-//!   deadline), and the election's client does not retry 429/503/504 by itself, so a renew can
-//!   never hang past the deadline. When the deadline passes without a successful renew the
-//!   leader steps down: fence revoked first, then the workers are cancelled.
-//! - A released Lease (empty holder) is acquirable at once; followers watch the Lease, so
-//!   they see a release within one watch event rather than at their next poll.
+//! - A graceful release (empty holder, `leaseDurationSeconds: 1`, a new renewTime: what
+//!   this driver and client-go's `ReleaseOnCancel` write after closing their fence) is
+//!   acquirable at once; followers watch the Lease, so they see it within one watch event.
+//!   Any other way a holder disappears — the Lease deleted, or its holder cleared by a
+//!   foreign writer — is taken only after the previous holder's fence has surely closed: a
+//!   lease duration after this replica last saw that holder's record change.
+//! - The leader steps down at once when a renew finds the Lease deleted (404) or its
+//!   election record changed by someone else (409, then a read); a metadata-only change
+//!   only makes it renew again with the new resourceVersion.
+//! - Each request has its own timeout (at most `retry_period`, never past the renew
+//!   deadline), the election's client does not retry by itself, and a failed request is
+//!   followed by a jittered pause of one retry period (client-go's rule): an unreachable
+//!   API server costs one request per retry period, not a busy loop. When the renew
+//!   deadline passes without a successful renew the leader steps down.
+//! - After an outage, a follower that could not read the Lease restarts its expiry clock
+//!   when it can again (it could not have seen renewals meanwhile), while the replica the
+//!   record still names takes the Lease back at its next attempt: an API server restart
+//!   costs the restart, not a lease duration.
 
 use std::time::{Duration, Instant};
 
@@ -33,18 +51,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
-use crate::fence::Fence;
-use crate::metrics::{self, NameLabels};
+use crate::leadership::{Leadership, Transition};
+use crate::metrics;
+use crate::throttle::{Throttle, Verdict};
 
 /// Lease timings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
-    /// How long followers wait, from observing the last change of the Lease, before taking
-    /// it over.
+    /// How long followers wait, from observing the last change of the election record,
+    /// before taking the Lease over (at least; see the module doc).
     pub lease_duration: Duration,
     /// How long the leader keeps leading without a successful renew.
     pub renew_deadline: Duration,
@@ -90,14 +108,34 @@ impl Timings {
     }
 }
 
-/// What the last read of the Lease showed, and when this replica first saw it so.
+/// What the last read of the Lease showed, and when this replica first saw its election
+/// record.
 #[derive(Debug, Clone)]
 struct Observation {
-    holder: String,
     resource_version: String,
+    /// The election record.
     spec: LeaseSpec,
-    /// Monotonic time of the first observation of this resourceVersion.
+    /// Monotonic time of the first observation of this record (not of this
+    /// resourceVersion: metadata-only writes do not restart the clock).
     since: Instant,
+}
+
+impl Observation {
+    fn holder(&self) -> &str {
+        self.spec.holder_identity.as_deref().unwrap_or_default()
+    }
+}
+
+/// Whether `spec` is a graceful release of `previous`: an empty holder, a one-second lease
+/// and a new renewTime, as a holder writes after closing its fence. A foreign writer that
+/// only clears the holder leaves the duration and renewTime as they were.
+fn is_release(previous: Option<&LeaseSpec>, spec: &LeaseSpec) -> bool {
+    spec.holder_identity
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+        && spec.lease_duration_seconds == Some(1)
+        && previous.is_none_or(|p| p.renew_time != spec.renew_time)
 }
 
 /// What the driver should do next.
@@ -107,7 +145,8 @@ pub enum Action {
     Create(Lease),
     /// Replace the Lease (with the resourceVersion inside) to acquire or renew it.
     Replace(Lease),
-    /// Someone else holds a valid lease: look again at this time (or on a watch event).
+    /// Someone else holds a valid lease (or may still act on one): look again at this time
+    /// (or on a watch event).
     WaitUntil(Instant),
 }
 
@@ -121,6 +160,11 @@ pub struct Elector {
     observed: Option<Observation>,
     /// Whether the Lease is known to be absent (read returned 404).
     absent: bool,
+    /// A holder vanished without releasing (Lease deleted, holder cleared by someone else):
+    /// nobody takes the Lease before this, when that holder's fence has surely closed.
+    vanished_until: Option<Instant>,
+    /// The last read failed: renewals may have happened unseen.
+    blind: bool,
     /// Start of the last successful acquire or renew, while leading.
     renewed_at: Option<Instant>,
 }
@@ -134,6 +178,8 @@ impl Elector {
             timings,
             observed: None,
             absent: false,
+            vanished_until: None,
+            blind: false,
             renewed_at: None,
         }
     }
@@ -142,40 +188,93 @@ impl Elector {
         &self.identity
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn timings(&self) -> Timings {
         self.timings
+    }
+
+    /// How long a record is valid after it was observed: the larger of our lease duration
+    /// and the one it states.
+    fn duration_of(&self, spec: &LeaseSpec) -> Duration {
+        let stated = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(Duration::ZERO, Duration::from_secs);
+        self.timings.lease_duration.max(stated)
+    }
+
+    /// When the holder of `obs` may last act on it.
+    fn expiry_of(&self, obs: &Observation) -> Instant {
+        obs.since + self.duration_of(&obs.spec)
+    }
+
+    /// Notes that the holder of the previous record vanished without a release: nobody
+    /// may take the Lease before that holder's fence has surely closed.
+    fn holder_vanished(&mut self, previous: &Observation) {
+        if previous.holder().is_empty() {
+            return;
+        }
+        let until = self.expiry_of(previous);
+        self.vanished_until = Some(self.vanished_until.map_or(until, |u| u.max(until)));
     }
 
     /// Records a read (GET or watch event) of the Lease at `now`.
     pub fn observe(&mut self, lease: &Lease, now: Instant) {
         self.absent = false;
+        let blind = std::mem::take(&mut self.blind);
         let rv = lease.resource_version().unwrap_or_default();
-        if self
-            .observed
-            .as_ref()
-            .is_some_and(|o| o.resource_version == rv)
-        {
+        let spec = lease.spec.clone().unwrap_or_default();
+        if let Some(obs) = self.observed.as_mut().filter(|o| o.spec == spec) {
+            // The same record (perhaps relabelled): only the resourceVersion moves on,
+            // unless we could not look for a while.
+            obs.resource_version = rv;
+            if blind && obs.holder() != self.identity {
+                obs.since = now;
+            }
             return;
         }
-        let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().unwrap_or_default();
-        if holder != self.identity && self.renewed_at.is_some() {
-            // Someone else wrote the Lease: we are no longer leader, whatever our deadline says.
-            self.renewed_at = None;
+        let previous = self.observed.take();
+        if spec
+            .holder_identity
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+            && !is_release(previous.as_ref().map(|p| &p.spec), &spec)
+        {
+            match &previous {
+                Some(previous) => self.holder_vanished(previous),
+                // A cleared record whose history we never saw: it may hide a live holder.
+                None => {
+                    let until = now + self.duration_of(&spec);
+                    self.vanished_until = Some(self.vanished_until.map_or(until, |u| u.max(until)));
+                }
+            }
         }
+        // While leading, the last record is our own write: any other record ends the term.
+        self.renewed_at = None;
         self.observed = Some(Observation {
-            holder,
             resource_version: rv,
             spec,
             since: now,
         });
     }
 
-    /// Records that the Lease does not exist.
+    /// Records that the Lease does not exist (read or renew returned 404, or a watch said
+    /// it was deleted).
     pub fn observe_absent(&mut self) {
+        if let Some(previous) = self.observed.take() {
+            self.holder_vanished(&previous);
+        }
         self.absent = true;
-        self.observed = None;
         self.renewed_at = None;
+    }
+
+    /// Records that a read failed.
+    pub fn read_failed(&mut self) {
+        self.blind = true;
     }
 
     /// Whether this replica leads at `now` (a successful renew within the renew deadline).
@@ -188,9 +287,9 @@ impl Elector {
         self.renewed_at.map(|t| t + self.timings.renew_deadline)
     }
 
-    /// The current holder as last observed ("" when released or unknown).
+    /// The current holder as last observed ("" when released, absent or unknown).
     pub fn holder(&self) -> &str {
-        self.observed.as_ref().map_or("", |o| o.holder.as_str())
+        self.observed.as_ref().map_or("", Observation::holder)
     }
 
     /// When the leader should next renew.
@@ -200,26 +299,34 @@ impl Elector {
 
     /// Decides the next step at monotonic `now`; `wall` is only written into the record.
     pub fn next_action(&self, now: Instant, wall: Timestamp) -> Action {
+        let vanished = self.vanished_until.filter(|until| now < *until);
         if self.absent {
-            return Action::Create(self.lease(self.record(None, wall), None));
+            return match vanished {
+                Some(until) => Action::WaitUntil(until),
+                None => Action::Create(self.lease(self.record(None, wall), None)),
+            };
         }
         let Some(obs) = &self.observed else {
             // Nothing read yet: the driver reads first; ask it to look again now.
             return Action::WaitUntil(now);
         };
-        let mine = obs.holder == self.identity;
-        let released = obs.holder.is_empty();
-        let expires = obs.since + self.timings.lease_duration;
-        if mine || released || now >= expires {
+        let mine = obs.holder() == self.identity;
+        let takeable = if obs.holder().is_empty() {
+            now
+        } else {
+            self.expiry_of(obs)
+        };
+        let takeable = vanished.map_or(takeable, |until| until.max(takeable));
+        if mine || now >= takeable {
             let spec = self.record(Some(&obs.spec).filter(|_| mine), wall);
             Action::Replace(self.lease(spec, Some(obs.resource_version.clone())))
         } else {
-            Action::WaitUntil(expires)
+            Action::WaitUntil(takeable)
         }
     }
 
-    /// The record we write: renewing keeps acquireTime and the transition count; taking over
-    /// starts a new term.
+    /// The record we write: renewing (or retaking a record that still names us) keeps
+    /// acquireTime and the transition count; taking over starts a new term.
     fn record(&self, ours: Option<&LeaseSpec>, wall: Timestamp) -> LeaseSpec {
         let now = MicroTime(wall);
         match ours {
@@ -266,17 +373,24 @@ impl Elector {
     /// began a new term.
     pub fn succeeded(&mut self, written: &Lease, started: Instant) -> bool {
         let was_leader = self.renewed_at.is_some();
-        self.observe(written, started);
+        self.absent = false;
+        self.blind = false;
+        self.observed = Some(Observation {
+            resource_version: written.resource_version().unwrap_or_default(),
+            spec: written.spec.clone().unwrap_or_default(),
+            since: started,
+        });
         self.renewed_at = Some(started);
         !was_leader
     }
 
-    /// The Lease that releases our hold: empty holder, `leaseDurationSeconds: 1`.
+    /// The Lease that releases our hold: empty holder, `leaseDurationSeconds: 1`. `None`
+    /// when the last record we saw does not name us.
     pub fn release(&self, wall: Timestamp) -> Option<Lease> {
         let obs = self
             .observed
             .as_ref()
-            .filter(|o| o.holder == self.identity)?;
+            .filter(|o| o.holder() == self.identity)?;
         let spec = LeaseSpec {
             holder_identity: Some(String::new()),
             lease_duration_seconds: Some(1),
@@ -292,93 +406,140 @@ impl Elector {
     }
 }
 
-/// Leadership as the rest of the process sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Follower,
-    Leader,
+/// `period` stretched by `fraction` of itself (client-go's `wait.Jitter`).
+pub fn jitter(period: Duration, fraction: f64) -> Duration {
+    period.mul_f64(1.0 + fraction.clamp(0.0, 1.0) * JITTER)
 }
 
-/// The I/O half: the Lease API and how the process learns of transitions. The API's client
-/// must not retry 429/503/504 by itself (`kube::Config::default_retry = false`).
+/// The jitter factor of a retry after a failure.
+const JITTER: f64 = 0.2;
+
+/// A fraction in [0, 1) that differs between replicas and attempts.
+fn random_fraction() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// How often a repeating failure is logged.
+const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// The I/O half: the Lease API. The API's client must not retry by itself
+/// (`kube::Config::default_retry = false`).
 pub struct Driver {
     pub api: Api<Lease>,
     pub elector: Elector,
-    pub fence: Fence,
-    pub role: watch::Sender<Role>,
+    pub leadership: Leadership,
 }
 
 impl Driver {
-    fn set_status(&self, leading: bool) {
-        metrics::get()
-            .leader_status
-            .get_or_create(&NameLabels {
-                name: self.elector.name.clone(),
-            })
-            .set(i64::from(leading));
-    }
-
-    /// Runs the election until `shutdown` fires; then releases the Lease if held.
+    /// Runs the election until `shutdown` fires; then releases the Lease if it names us.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        self.set_status(false);
+        let mut failures = Throttle::new(LOG_EVERY);
+        // After a failed request: no new attempt before this.
+        let mut pause: Option<Instant> = None;
         loop {
+            if let Some(until) = pause.take() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                }
+            }
             if shutdown.is_cancelled() {
                 break;
             }
             let now = Instant::now();
-            if self.elector.is_leader(now) {
+            let outcome = if self.elector.is_leader(now) {
                 let at = self.elector.next_renew().unwrap_or(now);
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep_until(at.into()) => {}
                 }
-                self.attempt(true).await;
+                self.attempt(true).await
             } else {
-                if self.role_is(Role::Leader) {
-                    self.lose("renew deadline passed without a successful renew");
+                if self.leadership.is_leading() {
+                    self.elector.step_down();
+                    self.leadership.step_down(
+                        Transition::Lost,
+                        "renew deadline passed without a successful renew",
+                    );
                 }
-                self.read().await;
-                match self.elector.next_action(Instant::now(), Timestamp::now()) {
-                    Action::WaitUntil(until) => {
-                        let retry = Instant::now() + self.elector.timings().retry_period;
-                        tokio::select! {
-                            _ = shutdown.cancelled() => break,
-                            _ = self.watch_until(until.min(retry).max(Instant::now())) => {}
+                match self.read().await {
+                    Err(err) => Err(err),
+                    Ok(()) => match self.elector.next_action(Instant::now(), Timestamp::now()) {
+                        Action::WaitUntil(until) => {
+                            let retry = Instant::now() + self.elector.timings().retry_period;
+                            tokio::select! {
+                                _ = shutdown.cancelled() => break,
+                                _ = self.watch_until(until.min(retry).max(Instant::now())) => {}
+                            }
+                            Ok(())
                         }
+                        _ => self.attempt(false).await,
+                    },
+                }
+            };
+            match outcome {
+                Ok(()) => {
+                    if let Some(run) = failures.succeeded() {
+                        info!(failures = run, "Lease requests succeed again");
                     }
-                    _ => self.attempt(false).await,
+                }
+                Err(err) => {
+                    if let Verdict::Log { suppressed } = failures.failed(Instant::now()) {
+                        warn!(error = %err, suppressed, "Lease request failed; retrying every retry period");
+                    }
+                    let period = self.elector.timings().retry_period;
+                    pause = Some(Instant::now() + jitter(period, random_fraction()));
                 }
             }
         }
         self.release().await;
     }
 
-    fn role_is(&self, role: Role) -> bool {
-        *self.role.borrow() == role
-    }
-
     /// GETs the Lease and records it.
-    async fn read(&mut self) {
+    async fn read(&mut self) -> Result<(), String> {
         let timeout = self.elector.timings().retry_period;
-        match tokio::time::timeout(timeout, self.api.get_opt(&self.elector.name)).await {
+        let result = tokio::time::timeout(timeout, self.api.get_opt(self.elector.name())).await;
+        match result {
             Ok(Ok(Some(lease))) => self.elector.observe(&lease, Instant::now()),
             Ok(Ok(None)) => self.elector.observe_absent(),
-            Ok(Err(err)) => warn!(error = %err, "reading the Lease failed"),
-            Err(_) => warn!(?timeout, "reading the Lease timed out"),
+            Ok(Err(err)) => {
+                self.elector.read_failed();
+                return Err(format!("reading the Lease: {err}"));
+            }
+            Err(_) => {
+                self.elector.read_failed();
+                return Err(format!("reading the Lease timed out after {timeout:?}"));
+            }
         }
+        if !self.elector.is_leader(Instant::now()) && self.leadership.is_leading() {
+            self.leadership.step_down(
+                Transition::Lost,
+                "the Lease was changed or deleted by someone else",
+            );
+        }
+        Ok(())
     }
 
     /// One acquire or renew attempt, bounded in time (renewals are traced at debug level).
-    async fn attempt(&mut self, renewing: bool) {
+    /// A renew that conflicts with a metadata-only change is retried once at once.
+    async fn attempt(&mut self, renewing: bool) -> Result<(), String> {
         let span = if renewing {
             debug_span!("leader_election.renew")
         } else {
             debug_span!("leader_election.try_acquire")
         };
-        self.attempt_inner(renewing).instrument(span).await
+        let retry = self.attempt_once(renewing).instrument(span.clone()).await?;
+        if retry && self.elector.is_leader(Instant::now()) {
+            debug!("the Lease changed in metadata only: renewing again");
+            self.attempt_once(true).instrument(span).await?;
+        }
+        Ok(())
     }
 
-    async fn attempt_inner(&mut self, renewing: bool) {
+    /// Returns whether a renew conflicted and should be retried.
+    async fn attempt_once(&mut self, renewing: bool) -> Result<bool, String> {
         let started = Instant::now();
         let action = self.elector.next_action(started, Timestamp::now());
         let timings = self.elector.timings();
@@ -389,6 +550,7 @@ impl Driver {
                 .min(timings.retry_period),
             _ => timings.retry_period,
         };
+        let name = self.elector.name().to_string();
         let request = async {
             match &action {
                 Action::Create(lease) => self
@@ -398,68 +560,47 @@ impl Driver {
                     .map(Some),
                 Action::Replace(lease) => self
                     .api
-                    .replace(&self.elector.name, &PostParams::default(), lease)
+                    .replace(&name, &PostParams::default(), lease)
                     .await
                     .map(Some),
                 Action::WaitUntil(_) => Ok(None),
             }
         };
-        let result = tokio::time::timeout(limit, request).await;
-        match result {
+        match tokio::time::timeout(limit, request).await {
             Ok(Ok(Some(written))) => {
                 let new_term = self.elector.succeeded(&written, started);
                 if let Some(until) = self.elector.fence_until() {
-                    self.fence.extend(until);
+                    self.leadership.extend(until);
                 }
-                if new_term {
-                    let span = info_span!("leader_election", transition = "acquired", identity = self.elector.identity(), lease = %self.elector.name);
-                    let _entered = span.enter();
-                    info!(identity = self.elector.identity(), lease = %self.elector.name, "acquired the Lease: leading");
-                    metrics::get().leadership_transitions.inc();
-                    self.set_status(true);
-                    self.role.send_replace(Role::Leader);
-                } else {
+                if !new_term {
                     metrics::get()
                         .lease_renew_seconds
                         .observe(started.elapsed().as_secs_f64());
                     debug!(took = ?started.elapsed(), "renewed the Lease");
                 }
+                Ok(false)
             }
-            Ok(Ok(None)) => {}
+            Ok(Ok(None)) => Ok(false),
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
                 debug!(renewing, "Lease conflict: someone else wrote it first");
                 if renewing {
-                    // Re-read at once: if someone else holds it now, step down without waiting.
-                    self.read().await;
-                    if !self.elector.is_leader(Instant::now()) {
-                        self.lose("the Lease was taken by another replica");
-                    }
+                    // Read at once: a changed record ends the term now, a relabel does not.
+                    self.read().await?;
+                    return Ok(self.elector.is_leader(Instant::now()));
                 }
+                Ok(false)
             }
-            Ok(Err(err)) => warn!(renewing, error = %err, "Lease request failed"),
-            Err(_) => warn!(renewing, ?limit, "Lease request timed out"),
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
+                self.elector.observe_absent();
+                if self.leadership.is_leading() {
+                    self.leadership
+                        .step_down(Transition::Lost, "the Lease was deleted");
+                }
+                Ok(false)
+            }
+            Ok(Err(err)) => Err(format!("writing the Lease: {err}")),
+            Err(_) => Err(format!("writing the Lease timed out after {limit:?}")),
         }
-        if renewing && !self.elector.is_leader(Instant::now()) && self.role_is(Role::Leader) {
-            self.lose("renew deadline passed without a successful renew");
-        }
-    }
-
-    fn lose(&mut self, why: &str) {
-        self.fence.revoke();
-        self.elector.step_down();
-        let span = info_span!(
-            "leader_election",
-            transition = "lost",
-            identity = self.elector.identity(),
-            why
-        );
-        let _entered = span.enter();
-        warn!(
-            identity = self.elector.identity(),
-            why, "lost leadership: stopping workers, staying a follower"
-        );
-        self.set_status(false);
-        self.role.send_replace(Role::Follower);
     }
 
     /// Waits until `until` or the next change of the Lease, whichever comes first.
@@ -478,7 +619,7 @@ impl Driver {
             .as_secs()
             .max(1) as u32;
         let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.elector.name))
+            .fields(&format!("metadata.name={}", self.elector.name()))
             .timeout(seconds);
         let deadline = tokio::time::sleep_until(until.into());
         tokio::pin!(deadline);
@@ -514,26 +655,21 @@ impl Driver {
         }
     }
 
-    /// Gives the Lease up (empty holder, 1 s) so a follower takes over at once.
+    /// Gives the Lease up (empty holder, 1 s) so a follower takes over at once. The fence
+    /// is already closed (by [`Leadership`]'s shutdown) when this runs.
     async fn release(&mut self) {
-        let was_leader = self.role_is(Role::Leader);
-        self.fence.revoke();
-        self.set_status(false);
-        self.role.send_replace(Role::Follower);
-        if !was_leader {
+        self.elector.step_down();
+        let Some(lease) = self.elector.release(Timestamp::now()) else {
             return;
-        }
+        };
         let span = info_span!(
             "leader_election",
             transition = "released",
             identity = self.elector.identity()
         );
-        let Some(lease) = self.elector.release(Timestamp::now()) else {
-            return;
-        };
         let limit = self.elector.timings().retry_period;
         let params = PostParams::default();
-        let request = self.api.replace(&self.elector.name, &params, &lease);
+        let request = self.api.replace(self.elector.name(), &params, &lease);
         let result = tokio::time::timeout(limit, request)
             .instrument(span.clone())
             .await;
@@ -545,7 +681,6 @@ impl Driver {
             }
             Err(_) => warn!("releasing the Lease timed out; followers take over when it expires"),
         }
-        self.elector.step_down();
     }
 }
 
@@ -690,12 +825,16 @@ mod tests {
         assert_eq!(l.metadata.resource_version.as_deref(), Some("5"));
     }
 
+    fn later() -> Timestamp {
+        Timestamp::from_second(1_800_000_012).unwrap()
+    }
+
     #[test]
     fn a_renewal_by_the_holder_restarts_the_expiry_clock() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
         e.observe(&lease("other", "5", wall()), t);
-        e.observe(&lease("other", "6", wall()), t + Duration::from_secs(12));
+        e.observe(&lease("other", "6", later()), t + Duration::from_secs(12));
         assert_eq!(
             e.next_action(t + Duration::from_secs(16), wall()),
             Action::WaitUntil(t + Duration::from_secs(27))
@@ -726,7 +865,9 @@ mod tests {
     fn a_released_lease_is_taken_at_once() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe(&lease("", "7", wall()), t);
+        let mut released = lease("", "7", wall());
+        released.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+        e.observe(&released, t);
         assert!(matches!(e.next_action(t, wall()), Action::Replace(_)));
     }
 
@@ -756,5 +897,182 @@ mod tests {
         let mut f = Elector::new("f", "l", "ns", timings());
         f.observe(&lease("other", "3", wall()), t);
         assert!(f.release(wall()).is_none());
+    }
+
+    /// Issue 13, item 5: a relabel every 2 s kept a dead leader alive.
+    #[test]
+    fn metadata_only_writes_do_not_restart_the_expiry_clock() {
+        let mut e = Elector::new("me", "l", "ns", timings());
+        let t = Instant::now();
+        e.observe(&lease("other", "5", wall()), t);
+        for i in 1..=7u64 {
+            let mut relabelled = lease("other", &format!("{}", 5 + i), wall());
+            relabelled.metadata.labels = Some([("tick".to_string(), i.to_string())].into());
+            e.observe(&relabelled, t + Duration::from_secs(2 * i));
+        }
+        let action = e.next_action(t + Duration::from_secs(15), wall());
+        let Action::Replace(l) = &action else {
+            panic!("{action:?}")
+        };
+        // … and the takeover carries the newest resourceVersion.
+        assert_eq!(l.metadata.resource_version.as_deref(), Some("12"));
+    }
+
+    /// Issue 13, item 6: a leader with longer timings than ours.
+    #[test]
+    fn expiry_waits_for_the_longer_of_ours_and_the_records_duration() {
+        let mut e = Elector::new("me", "l", "ns", timings());
+        let t = Instant::now();
+        let mut long = lease("other", "5", wall());
+        long.spec.as_mut().unwrap().lease_duration_seconds = Some(30);
+        e.observe(&long, t);
+        assert_eq!(
+            e.next_action(t + Duration::from_secs(15), wall()),
+            Action::WaitUntil(t + Duration::from_secs(30))
+        );
+        // A shorter stated duration never shortens ours.
+        let mut short = lease("other", "6", later());
+        short.spec.as_mut().unwrap().lease_duration_seconds = Some(4);
+        e.observe(&short, t + Duration::from_secs(20));
+        assert_eq!(
+            e.next_action(t + Duration::from_secs(25), wall()),
+            Action::WaitUntil(t + Duration::from_secs(35))
+        );
+    }
+
+    /// Issue 13, item 3: a Lease deleted under a working leader.
+    #[test]
+    fn a_deleted_lease_is_created_only_after_the_old_holders_fence_closed() {
+        let mut e = Elector::new("me", "l", "ns", timings());
+        let t = Instant::now();
+        e.observe(&lease("other", "5", wall()), t);
+        e.observe_absent();
+        assert_eq!(
+            e.next_action(t + Duration::from_secs(1), wall()),
+            Action::WaitUntil(t + Duration::from_secs(15))
+        );
+        assert!(matches!(
+            e.next_action(t + Duration::from_secs(15), wall()),
+            Action::Create(_)
+        ));
+        // A Lease that never existed (as far as we know) is created at once.
+        let mut fresh = Elector::new("me", "l", "ns", timings());
+        fresh.observe_absent();
+        assert!(matches!(fresh.next_action(t, wall()), Action::Create(_)));
+    }
+
+    /// Issue 13, item 4: the holder cleared by a foreign writer.
+    #[test]
+    fn a_foreign_cleared_holder_is_taken_only_after_the_old_holders_fence_closed() {
+        let mut e = Elector::new("me", "l", "ns", timings());
+        let t = Instant::now();
+        e.observe(&lease("other", "5", wall()), t);
+        // `holderIdentity: ""` patched in: duration and renewTime as they were.
+        e.observe(&lease("", "6", wall()), t + Duration::from_secs(3));
+        assert_eq!(
+            e.next_action(t + Duration::from_secs(3), wall()),
+            Action::WaitUntil(t + Duration::from_secs(15))
+        );
+        assert!(matches!(
+            e.next_action(t + Duration::from_secs(15), wall()),
+            Action::Replace(_)
+        ));
+        // A cleared record seen for the first time may hide a live holder: one duration.
+        let mut newcomer = Elector::new("me", "l", "ns", timings());
+        newcomer.observe(&lease("", "6", wall()), t);
+        assert_eq!(
+            newcomer.next_action(t, wall()),
+            Action::WaitUntil(t + Duration::from_secs(15))
+        );
+    }
+
+    #[test]
+    fn a_graceful_release_is_taken_at_once() {
+        let mut holder = Elector::new("other", "l", "ns", timings());
+        let t = Instant::now();
+        holder.observe_absent();
+        holder.succeeded(&written(holder.next_action(t, wall()), "5"), t);
+        let mut released = holder.release(later()).unwrap();
+        released.metadata.resource_version = Some("6".into());
+
+        let mut e = Elector::new("me", "l", "ns", timings());
+        e.observe(&written(holder.next_action(t, wall()), "5"), t);
+        e.observe(&released, t + Duration::from_secs(1));
+        assert!(matches!(
+            e.next_action(t + Duration::from_secs(1), wall()),
+            Action::Replace(_)
+        ));
+    }
+
+    /// Issue 13: the leader treats a changed record as lost leadership at once, and a
+    /// relabel as nothing.
+    #[test]
+    fn the_leader_loses_on_a_changed_record_but_not_on_a_relabel() {
+        let mut e = Elector::new("me", "l", "ns", timings());
+        let t = Instant::now();
+        e.observe_absent();
+        let ours = written(e.next_action(t, wall()), "1");
+        e.succeeded(&ours, t);
+        let mut relabelled = ours.clone();
+        relabelled.metadata.resource_version = Some("2".into());
+        relabelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        e.observe(&relabelled, t + Duration::from_secs(1));
+        assert!(e.is_leader(t + Duration::from_secs(1)));
+        let Action::Replace(renew) = e.next_action(t + Duration::from_secs(1), wall()) else {
+            panic!()
+        };
+        assert_eq!(renew.metadata.resource_version.as_deref(), Some("2"));
+        // Same holder, but someone rewrote the record (e.g. its duration): term over.
+        let mut changed = relabelled.clone();
+        changed.metadata.resource_version = Some("3".into());
+        changed.spec.as_mut().unwrap().lease_duration_seconds = Some(99);
+        e.observe(&changed, t + Duration::from_secs(2));
+        assert!(!e.is_leader(t + Duration::from_secs(2)));
+        // Deleted: term over too.
+        e.succeeded(
+            &written(e.next_action(t, wall()), "4"),
+            t + Duration::from_secs(3),
+        );
+        e.observe_absent();
+        assert!(!e.is_leader(t + Duration::from_secs(3)));
+    }
+
+    /// Issue 13, item 8: after an outage the holder retakes its Lease at once, and a
+    /// follower that could not read restarts its clock.
+    #[test]
+    fn after_an_outage_the_named_holder_retakes_and_blind_followers_wait() {
+        let t = Instant::now();
+        let mut leader = Elector::new("me", "l", "ns", timings());
+        leader.observe_absent();
+        let ours = written(leader.next_action(t, wall()), "1");
+        leader.succeeded(&ours, t);
+        let mut follower = Elector::new("f", "l", "ns", timings());
+        follower.observe(&ours, t);
+        // 20 s of outage: the leader steps down at its deadline; both fail to read.
+        leader.step_down();
+        leader.read_failed();
+        follower.read_failed();
+        let back = t + Duration::from_secs(20);
+        leader.observe(&ours, back);
+        follower.observe(&ours, back);
+        let action = leader.next_action(back, wall());
+        let Action::Replace(l) = &action else {
+            panic!("{action:?}")
+        };
+        assert_eq!(l.metadata.resource_version.as_deref(), Some("1"));
+        assert_eq!(
+            follower.next_action(back, wall()),
+            Action::WaitUntil(back + Duration::from_secs(15))
+        );
+    }
+
+    #[test]
+    fn jitter_stretches_by_at_most_a_fifth() {
+        let p = Duration::from_secs(2);
+        assert_eq!(jitter(p, 0.0), p);
+        assert_eq!(jitter(p, 1.0), Duration::from_millis(2_400));
+        assert_eq!(jitter(p, 7.0), Duration::from_millis(2_400));
+        let f = random_fraction();
+        assert!((0.0..1.0).contains(&f), "{f}");
     }
 }

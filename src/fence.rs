@@ -1,16 +1,24 @@
-//! Fencing: the proof of leadership that a reconcile checks before every write.
+//! Fencing: the proof of leadership that every write checks, and the deadline it carries.
 //!
-//! The elector extends the fence after each successful renew to
-//! `start of that renew + renew deadline` (on the monotonic clock) and revokes it when it
-//! steps down. A replica that is frozen or cut off therefore stops writing at the latest one
-//! renew deadline after its last successful renew, which is before any other replica can
-//! observe the Lease as expired (lease duration > renew deadline). A single-replica run
-//! without election uses [`Fence::unfenced`].
+//! The leadership lifecycle ([`crate::leadership`]) extends the fence after each successful
+//! renew to `start of that renew + renew deadline` (on the monotonic clock) and revokes it
+//! when it steps down. A replica that is frozen or cut off therefore stops writing at the
+//! latest one renew deadline after its last successful renew, which is before any other
+//! replica can observe the Lease as expired (lease duration > renew deadline).
+//!
+//! A check before sending is not enough: a request can sit in a slow or overloaded API
+//! server, or in a client's retry loop, and be applied later. So the reconcile client's
+//! [`crate::kubeclient`] layer asks the fence for a [`Deadline`] for every write: the write
+//! is refused when the fence is closed, gives up on the client side at the fence's expiry,
+//! and carries the remaining time as the API server's `timeout` parameter, so the server
+//! does not apply it after that either (its deadline counts from when it received the
+//! request, so it ends at most one network transit after the fence: far inside the margin
+//! `lease duration - renew deadline` that followers wait beyond the fence).
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// Returned by [`Fence::check`] when this replica may not write.
+/// Returned when this replica may not write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotLeader;
 
@@ -22,71 +30,122 @@ impl std::fmt::Display for NotLeader {
 
 impl std::error::Error for NotLeader {}
 
-#[derive(Debug, Clone, Copy)]
-enum Validity {
-    Always,
-    Until(Instant),
-    Never,
+/// A write shorter than this is not worth sending: it could not finish in time.
+pub const MIN_WRITE_TIME: Duration = Duration::from_millis(20);
+
+/// Shared between the leadership lifecycle (which extends and revokes it), the reconcilers
+/// and the reconcile client's write layer. Closed until the first term begins.
+#[derive(Debug, Clone, Default)]
+pub struct Fence(Arc<Mutex<Option<Instant>>>);
+
+/// How long a write that starts now may take: until the fence's expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    pub at: Instant,
+    pub remaining: Duration,
 }
 
-/// Shared between the elector (which extends and revokes it) and the reconcilers.
-#[derive(Debug, Clone)]
-pub struct Fence(Arc<Mutex<Validity>>);
+impl Deadline {
+    /// The API server's `timeout` query parameter for this deadline (whole milliseconds,
+    /// rounded down, so the server's deadline is never later than ours).
+    pub fn timeout_param(&self) -> String {
+        format!("{}ms", self.remaining.as_millis())
+    }
+}
 
 impl Fence {
-    /// A fence that never blocks (no election).
-    pub fn unfenced() -> Self {
-        Fence(Arc::new(Mutex::new(Validity::Always)))
-    }
-
-    /// A fence that blocks until [`Fence::extend`] is called.
-    pub fn closed() -> Self {
-        Fence(Arc::new(Mutex::new(Validity::Never)))
-    }
-
     /// Allows writes until `until`.
     pub fn extend(&self, until: Instant) {
-        *self.0.lock().expect("fence lock") = Validity::Until(until);
+        *self.0.lock().expect("fence lock") = Some(until);
     }
 
     /// Blocks writes from now on.
     pub fn revoke(&self) {
-        *self.0.lock().expect("fence lock") = Validity::Never;
+        *self.0.lock().expect("fence lock") = None;
     }
 
-    /// Whether a write may start at `now`.
-    pub fn check_at(&self, now: Instant) -> Result<(), NotLeader> {
+    /// The deadline of a write that starts at `now`, or [`NotLeader`] when the fence is
+    /// closed or would close within [`MIN_WRITE_TIME`].
+    pub fn deadline_at(&self, now: Instant) -> Result<Deadline, NotLeader> {
         match *self.0.lock().expect("fence lock") {
-            Validity::Always => Ok(()),
-            Validity::Until(until) if now < until => Ok(()),
+            Some(until) if until.saturating_duration_since(now) >= MIN_WRITE_TIME => Ok(Deadline {
+                at: until,
+                remaining: until - now,
+            }),
             _ => Err(NotLeader),
         }
     }
 
     /// Whether a write may start now.
     pub fn check(&self) -> Result<(), NotLeader> {
-        self.check_at(Instant::now())
+        self.deadline_at(Instant::now()).map(|_| ())
     }
+}
+
+/// Appends `timeout=<param>` to a request URI's query.
+pub fn with_timeout(uri: &http::Uri, param: &str) -> http::Uri {
+    let path = uri.path();
+    let query = match uri.query() {
+        Some(q) if !q.is_empty() => format!("{q}&timeout={param}"),
+        _ => format!("timeout={param}"),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(
+        format!("{path}?{query}")
+            .parse()
+            .expect("a valid path plus a valid query is a valid path and query"),
+    );
+    http::Uri::from_parts(parts).expect("only the path and query changed")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn fence_opens_until_its_deadline_and_closes_on_revoke() {
         let t = Instant::now();
-        let fence = Fence::closed();
-        assert_eq!(fence.check_at(t), Err(NotLeader));
+        let fence = Fence::default();
+        assert_eq!(fence.deadline_at(t), Err(NotLeader));
         fence.extend(t + Duration::from_secs(10));
-        assert_eq!(fence.check_at(t + Duration::from_secs(9)), Ok(()));
-        assert_eq!(fence.check_at(t + Duration::from_secs(10)), Err(NotLeader));
-        fence.revoke();
-        assert_eq!(fence.check_at(t), Err(NotLeader));
+        let d = fence.deadline_at(t + Duration::from_secs(9)).unwrap();
+        assert_eq!(d.remaining, Duration::from_secs(1));
+        assert_eq!(d.timeout_param(), "1000ms");
         assert_eq!(
-            Fence::unfenced().check_at(t + Duration::from_secs(1 << 20)),
-            Ok(())
+            fence.deadline_at(t + Duration::from_secs(10)),
+            Err(NotLeader)
+        );
+        // Too little time left to finish a write: refused before it is sent.
+        assert_eq!(
+            fence.deadline_at(t + Duration::from_millis(9_990)),
+            Err(NotLeader)
+        );
+        fence.revoke();
+        assert_eq!(fence.deadline_at(t), Err(NotLeader));
+    }
+
+    #[test]
+    fn the_timeout_rounds_down() {
+        let d = Deadline {
+            at: Instant::now(),
+            remaining: Duration::from_micros(1_999_999),
+        };
+        assert_eq!(d.timeout_param(), "1999ms");
+    }
+
+    #[test]
+    fn timeout_is_appended_to_the_query() {
+        let uri: http::Uri = "https://127.0.0.1:6443/api/v1/namespaces/a/configmaps?fieldManager=x"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            with_timeout(&uri, "1500ms").to_string(),
+            "https://127.0.0.1:6443/api/v1/namespaces/a/configmaps?fieldManager=x&timeout=1500ms"
+        );
+        let bare: http::Uri = "/api/v1/namespaces/a/configmaps".parse().unwrap();
+        assert_eq!(
+            with_timeout(&bare, "7ms").to_string(),
+            "/api/v1/namespaces/a/configmaps?timeout=7ms"
         );
     }
 }

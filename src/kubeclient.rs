@@ -1,7 +1,18 @@
-//! The Kubernetes client: configuration, the user agent that names the replica, and a tower
-//! layer that traces and counts every API request.
+//! The Kubernetes clients: configuration, the user agent that names the replica, a tower
+//! layer that traces and counts every API request, and the fence on every write.
 //!
-//! The layer opens a `k8s.request` span per request (a child of the current span, so a
+//! Invariants:
+//! - neither client re-sends a request by itself (`default_retry` off): kube's retry layer
+//!   would re-send a 429/503/504 with backoff up to minutes, honouring `Retry-After`, so a
+//!   deposed leader's write could reach the server long after its fence closed. Reconciles
+//!   are retried by their queue, election requests by the elector, watches by the caches.
+//! - every write of the reconcile client (POST, PUT, PATCH, DELETE) passes [`FenceLayer`]:
+//!   refused when the fence is closed, abandoned at the fence's expiry, and sent with the
+//!   API server's `timeout` parameter set to the time left (see [`crate::fence`]).
+//! - [`Reachability`] counts the returns of the API server (a success after a failure), so
+//!   the caches can retry their watches at once instead of at their backoff's cap.
+//!
+//! The request layer opens a `k8s.request` span per request (a child of the current span, so a
 //! reconcile's requests nest under it), sends that span's W3C `traceparent` so the API
 //! server's own spans join the trace (as children for callers in `system:masters` or
 //! `system:monitoring`, as linked traces otherwise), records the status code, and counts
@@ -12,15 +23,103 @@ use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
 use anyhow::{Context as _, Result};
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use kube::Client;
 use opentelemetry::propagation::Injector;
-use tower::{Layer, Service};
+use tokio::sync::watch;
+use tower::{BoxError, Layer, Service};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::fence::{Fence, NotLeader, with_timeout};
 use crate::metrics::{self, RestLabels};
+
+/// A write abandoned at the fence's expiry (it may or may not have been applied before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceExpired;
+
+impl std::fmt::Display for FenceExpired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the write did not finish before this replica's fence expired")
+    }
+}
+
+impl std::error::Error for FenceExpired {}
+
+/// Whether a kube error is a write refused or abandoned by the fence.
+pub fn is_fenced(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Service(e) if e.is::<NotLeader>() || e.is::<FenceExpired>())
+}
+
+/// The returns of the API server: a counter that goes up whenever a request succeeds after
+/// one failed (transport error, 5xx or 429). Shared by every client of the process.
+#[derive(Debug, Clone)]
+pub struct Reachability {
+    down: Arc<AtomicBool>,
+    returns: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Reachability {
+    fn default() -> Self {
+        Reachability {
+            down: Arc::default(),
+            returns: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+impl Reachability {
+    /// A receiver that sees every later return of the API server.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.returns.subscribe()
+    }
+
+    /// Records the outcome of one request (`None`: no response at all).
+    pub fn record(&self, status: Option<u16>) {
+        let failed = status.is_none_or(|s| s >= 500 || s == 429);
+        if failed {
+            self.down.store(true, Ordering::SeqCst);
+        } else if self.down.swap(false, Ordering::SeqCst) {
+            self.returns.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// The process's clients.
+pub struct Clients {
+    /// Caches and reconciles; every write is fenced.
+    pub reconcile: Client,
+    /// The Lease only; never fenced (it is what opens the fence).
+    pub election: Client,
+    pub reachability: Reachability,
+}
+
+/// Builds both clients from one configuration.
+pub fn clients(mut config: kube::Config, fence: Fence) -> Result<Clients> {
+    config.default_retry = false;
+    let reachability = Reachability::default();
+    let layer = ApiRequestLayer {
+        host: host_of(&config),
+        reachability: reachability.clone(),
+    };
+    let election = kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&layer)
+        .build();
+    let reconcile = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&layer)
+        .with_layer(&FenceLayer { fence })
+        .build();
+    Ok(Clients {
+        reconcile,
+        election,
+        reachability,
+    })
+}
 
 /// Reads the kubeconfig (the flag, else the usual inference) and sets the user agent
 /// `myresource-operator/VERSION (IDENTITY)`, which the audit log records.
@@ -48,26 +147,82 @@ pub async fn config(kubeconfig: Option<&Path>, identity: &str) -> Result<kube::C
     Ok(config)
 }
 
-/// A client with the tracing and metrics layer.
-pub fn client(config: kube::Config) -> Result<Client> {
+fn host_of(config: &kube::Config) -> String {
     let host = config.cluster_url.host().unwrap_or_default().to_string();
     let port = config
         .cluster_url
         .port_u16()
         .map(|p| format!(":{p}"))
         .unwrap_or_default();
-    let layer = ApiRequestLayer {
-        host: format!("{host}{port}"),
-    };
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&layer)
-        .build())
+    format!("{host}{port}")
+}
+
+/// See the module doc.
+#[derive(Debug, Clone)]
+pub struct FenceLayer {
+    fence: Fence,
+}
+
+impl<S> Layer<S> for FenceLayer {
+    type Service = FenceService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FenceService {
+            inner,
+            fence: self.fence.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FenceService<S> {
+    inner: S,
+    fence: Fence,
+}
+
+fn is_write(method: &Method) -> bool {
+    [Method::POST, Method::PUT, Method::PATCH, Method::DELETE].contains(method)
+}
+
+impl<S, B, R> Service<Request<B>> for FenceService<S>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        if !is_write(request.method()) {
+            let response = self.inner.call(request);
+            return Box::pin(async move { response.await.map_err(Into::into) });
+        }
+        let deadline = match self.fence.deadline_at(Instant::now()) {
+            Ok(deadline) => deadline,
+            Err(not_leader) => return Box::pin(async move { Err(not_leader.into()) }),
+        };
+        *request.uri_mut() = with_timeout(request.uri(), &deadline.timeout_param());
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            match tokio::time::timeout_at(deadline.at.into(), response).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => Err(FenceExpired.into()),
+            }
+        })
+    }
 }
 
 /// See the module doc.
 #[derive(Debug, Clone)]
 pub struct ApiRequestLayer {
     host: String,
+    reachability: Reachability,
 }
 
 impl<S> Layer<S> for ApiRequestLayer {
@@ -77,6 +232,7 @@ impl<S> Layer<S> for ApiRequestLayer {
         ApiRequestService {
             inner,
             host: self.host.clone(),
+            reachability: self.reachability.clone(),
         }
     }
 }
@@ -85,6 +241,7 @@ impl<S> Layer<S> for ApiRequestLayer {
 pub struct ApiRequestService<S> {
     inner: S,
     host: String,
+    reachability: Reachability,
 }
 
 struct HeaderInjector<'a>(&'a mut HeaderMap);
@@ -130,11 +287,13 @@ where
             propagator.inject_context(&context, &mut HeaderInjector(request.headers_mut()))
         });
         let host = self.host.clone();
+        let reachability = self.reachability.clone();
         let started = std::time::Instant::now();
         let response = self.inner.call(request).instrument(span.clone());
         Box::pin(async move {
             let result = response.await;
             let took = started.elapsed().as_secs_f64();
+            reachability.record(result.as_ref().ok().map(|r| r.status().as_u16()));
             let code = match &result {
                 Ok(response) => {
                     let status = response.status().as_u16();
@@ -155,5 +314,83 @@ where
             m.rest_request_duration.get_or_create(&labels).observe(took);
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_success_after_a_failure_counts_one_return() {
+        let r = Reachability::default();
+        let rx = r.subscribe();
+        r.record(Some(200));
+        assert_eq!(*rx.borrow(), 0, "no failure before: not a return");
+        r.record(None);
+        r.record(Some(503));
+        r.record(Some(429));
+        assert_eq!(*rx.borrow(), 0);
+        r.record(Some(404));
+        assert_eq!(*rx.borrow(), 1, "a 404 is an answer");
+        r.record(Some(200));
+        assert_eq!(*rx.borrow(), 1);
+    }
+
+    #[tokio::test]
+    async fn writes_carry_the_fence_and_reads_do_not() {
+        let fence = Fence::default();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorder = {
+            let seen = seen.clone();
+            tower::service_fn(move |req: Request<()>| {
+                seen.lock().unwrap().push(req.uri().to_string());
+                async { Ok::<_, BoxError>(Response::new(())) }
+            })
+        };
+        let mut svc = FenceLayer {
+            fence: fence.clone(),
+        }
+        .layer(recorder);
+        let req = |method: Method| {
+            Request::builder()
+                .method(method)
+                .uri("/api/v1/namespaces/a/configmaps?fieldManager=m")
+                .body(())
+                .unwrap()
+        };
+        // Closed fence: reads pass, writes are refused without being sent.
+        assert!(svc.call(req(Method::GET)).await.is_ok());
+        let err = svc.call(req(Method::POST)).await.unwrap_err();
+        assert!(err.is::<NotLeader>(), "{err}");
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        // Open fence: the write carries the time left as the server's timeout.
+        fence.extend(Instant::now() + std::time::Duration::from_secs(5));
+        svc.call(req(Method::PATCH)).await.unwrap();
+        let sent = seen.lock().unwrap()[1].clone();
+        let timeout: u64 = sent
+            .rsplit_once("&timeout=")
+            .and_then(|(_, t)| t.strip_suffix("ms"))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no timeout in {sent}"));
+        assert!((4_000..=5_000).contains(&timeout), "{sent}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_is_abandoned_at_the_fence() {
+        let fence = Fence::default();
+        fence.extend(Instant::now() + std::time::Duration::from_secs(2));
+        let slow = tower::service_fn(|_: Request<()>| async {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            Ok::<_, BoxError>(Response::new(()))
+        });
+        let mut svc = FenceLayer { fence }.layer(slow);
+        let request = Request::builder()
+            .method(Method::DELETE)
+            .uri("/x")
+            .body(())
+            .unwrap();
+        let err = svc.call(request).await.unwrap_err();
+        assert!(err.is::<FenceExpired>(), "{err}");
     }
 }

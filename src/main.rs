@@ -6,18 +6,18 @@ use clap::Parser;
 use kube::Api;
 use myresource_operator::cli::{Cli, Command, RunArgs};
 use myresource_operator::controller::{Controller, StateCollector};
-use myresource_operator::election::{Driver, Elector, Role};
+use myresource_operator::election::{Driver, Elector};
 use myresource_operator::endpoints::{self, Health};
 use myresource_operator::events::Publisher;
 use myresource_operator::fence::Fence;
+use myresource_operator::leadership::{self, Leadership, Terms};
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
 use myresource_operator::shard::Shards;
 use myresource_operator::{cache, kubeclient, metrics, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -59,12 +59,8 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let timings = args.timings().map_err(anyhow::Error::msg)?;
     let config = kubeclient::config(args.kubeconfig.as_deref(), &identity).await?;
     let lease_namespace = args.lease_namespace(&config.default_namespace);
-    let client = kubeclient::client(config.clone())?;
-    // The election's client must not retry 429/503/504 on its own: a renew may never hang
-    // past the renew deadline.
-    let mut election_config = config;
-    election_config.default_retry = false;
-    let election_client = kubeclient::client(election_config)?;
+    let fence = Fence::default();
+    let clients = kubeclient::clients(config, fence.clone())?;
     info!(
         %identity,
         namespaces = ?args.namespaces,
@@ -79,7 +75,12 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         args.shards.into(),
         Backoff::default(),
     )));
-    let caches = cache::start(client.clone(), &args.namespaces, controller.clone());
+    let caches = cache::start(
+        clients.reconcile.clone(),
+        &args.namespaces,
+        controller.clone(),
+        &clients.reachability,
+    );
     metrics::get().init_series();
     metrics::get().register_collector(Box::new(StateCollector {
         controller: controller.clone(),
@@ -96,11 +97,10 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     )
     .await?;
 
-    let fence = Fence::closed();
     let ctx = Arc::new(Context {
-        client: client.clone(),
+        client: clients.reconcile.clone(),
         caches: caches.clone(),
-        events: Publisher::new(client, "myresource-operator", &identity),
+        events: Publisher::new(clients.reconcile, "myresource-operator", &identity),
         fence: fence.clone(),
     });
 
@@ -112,60 +112,29 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         _ = tokio::signal::ctrl_c() => return Ok(()),
     }
 
-    let (role_tx, mut role) = watch::channel(Role::Follower);
+    let leadership = Leadership::new(fence, &args.lease_name, &identity);
     let stop_election = CancellationToken::new();
     let election = tokio::spawn(
         Driver {
-            api: Api::namespaced(election_client, &lease_namespace),
+            api: Api::namespaced(clients.election, &lease_namespace),
             elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings),
-            fence: fence.clone(),
-            role: role_tx,
+            leadership: leadership.clone(),
         }
         .run(stop_election.clone()),
     );
-
-    let mut term: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
-    loop {
+    let terms = Terms {
+        controller,
+        ctx,
+        workers_per_shard: args.workers_per_shard.into(),
+        grace: args.shutdown_grace,
+    };
+    let stop = async {
         tokio::select! {
-            changed = role.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-                let now = *role.borrow_and_update();
-                match (now, term.is_some()) {
-                    (Role::Leader, false) => {
-                        let cancel = CancellationToken::new();
-                        let (controller, ctx) = (controller.clone(), ctx.clone());
-                        let workers = args.workers_per_shard.into();
-                        let token = cancel.clone();
-                        term = Some((cancel, tokio::spawn(async move { controller.lead(ctx, workers, token).await })));
-                    }
-                    (Role::Follower, true) => {
-                        let (cancel, handle) = term.take().expect("checked");
-                        cancel.cancel();
-                        let _ = handle.await;
-                    }
-                    _ => {}
-                }
-            }
-            _ = terminate.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
         }
-    }
-
-    info!("shutting down: stopping workers, then releasing the Lease");
-    fence.revoke();
-    if let Some((cancel, handle)) = term.take() {
-        cancel.cancel();
-        if tokio::time::timeout(args.shutdown_grace, handle)
-            .await
-            .is_err()
-        {
-            warn!(grace = ?args.shutdown_grace, "workers did not stop within the grace period");
-        }
-    }
-    stop_election.cancel();
-    election.await?;
+    };
+    leadership::run(leadership, terms, (election, stop_election), stop).await;
     info!("stopped");
     Ok(())
 }

@@ -12,7 +12,9 @@
 //!
 //! Invariants: every decision is made by the pure functions at the top from cached state;
 //! a reconcile that finds the world as desired makes no request at all (so a failover that
-//! re-reconciles every object causes no writes); every write is preceded by a fence check.
+//! re-reconciles every object causes no writes); every write is preceded by a fence check,
+//! and the client refuses, times out and bounds on the server every write past the fence
+//! (see [`crate::fence`]), Events included.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -69,7 +71,11 @@ impl std::error::Error for Error {}
 
 impl From<kube::Error> for Error {
     fn from(err: kube::Error) -> Self {
-        Error::Kube(err)
+        if crate::kubeclient::is_fenced(&err) {
+            Error::NotLeader
+        } else {
+            Error::Kube(err)
+        }
     }
 }
 
@@ -381,6 +387,7 @@ async fn publish(ctx: &Context, mr: &MyResource, type_: EventType, reason: &str,
         .events
         .publish(&regarding, type_, reason, "Reconcile", note)
         .await
+        && !crate::kubeclient::is_fenced(&err)
     {
         warn!(myresource = %ObjectKey::of(mr), error = %err, "could not publish event");
     }

@@ -53,6 +53,7 @@ const KUBERNETES: Tool = Tool {
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             "kube-controller-manager",
         ),
+        ("k8s.io/kubernetes/cmd/kubectl", "kubectl"),
     ],
     ldflags: "-X k8s.io/component-base/version.gitVersion=v1.37.2 \
               -X k8s.io/component-base/version.gitMajor=1 \

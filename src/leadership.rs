@@ -1,0 +1,237 @@
+//! The leadership lifecycle of one replica: the one place that opens and closes the fence,
+//! publishes the role, sets `leader_election_master_status`, runs the workers of a term,
+//! and orders a shutdown.
+//!
+//! Invariants:
+//! - a term begins only through [`Leadership::extend`] (called by the election after a
+//!   successful acquire) and ends only through [`Leadership::step_down`]; stepping down
+//!   closes the fence *first*, so no write starts after the decision, then sets the metric
+//!   and publishes [`Role::Follower`], which cancels the term's workers;
+//! - once shut down, nothing reopens the fence: a renew that lands during the shutdown
+//!   cannot start a new term;
+//! - shutdown order: close the fence, cancel the workers and wait for them (bounded by the
+//!   grace period), then stop the election, which releases the Lease. The release comes
+//!   last so a follower that takes over at once never overlaps with our workers.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, info_span, warn};
+
+use crate::controller::Controller;
+use crate::fence::Fence;
+use crate::metrics::{self, NameLabels};
+use crate::reconcile::Context;
+
+/// Leadership as the rest of the process sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Follower,
+    Leader,
+}
+
+/// Why a term ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// The Lease was lost: a renew deadline passed, or someone else changed or deleted it.
+    Lost,
+    /// The process is stopping.
+    Shutdown,
+}
+
+impl Transition {
+    fn as_str(self) -> &'static str {
+        match self {
+            Transition::Lost => "lost",
+            Transition::Shutdown => "shutdown",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    role: Role,
+    shut_down: bool,
+}
+
+/// Shared by the election (which reports terms) and the term loop (which runs them).
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    fence: Fence,
+    lease: String,
+    identity: String,
+    state: Arc<Mutex<State>>,
+    role: Arc<watch::Sender<Role>>,
+}
+
+impl Leadership {
+    /// A follower with a closed fence, for the Lease `lease`.
+    pub fn new(fence: Fence, lease: &str, identity: &str) -> Self {
+        let leadership = Leadership {
+            fence,
+            lease: lease.into(),
+            identity: identity.into(),
+            state: Arc::new(Mutex::new(State {
+                role: Role::Follower,
+                shut_down: false,
+            })),
+            role: Arc::new(watch::channel(Role::Follower).0),
+        };
+        leadership.set_status(false);
+        leadership
+    }
+
+    /// Follows the role.
+    pub fn subscribe(&self) -> watch::Receiver<Role> {
+        self.role.subscribe()
+    }
+
+    /// Whether a term is running.
+    pub fn is_leading(&self) -> bool {
+        self.state.lock().expect("leadership lock").role == Role::Leader
+    }
+
+    fn set_status(&self, leading: bool) {
+        metrics::get()
+            .leader_status
+            .get_or_create(&NameLabels {
+                name: self.lease.clone(),
+            })
+            .set(i64::from(leading));
+    }
+
+    /// Opens (or keeps open) the fence until `until`; begins a term if none runs. Does
+    /// nothing once shut down.
+    pub fn extend(&self, until: Instant) {
+        let mut state = self.state.lock().expect("leadership lock");
+        if state.shut_down {
+            return;
+        }
+        self.fence.extend(until);
+        if state.role == Role::Leader {
+            return;
+        }
+        state.role = Role::Leader;
+        let span = info_span!("leader_election", transition = "acquired", identity = %self.identity, lease = %self.lease);
+        let _entered = span.enter();
+        info!(identity = %self.identity, lease = %self.lease, "acquired the Lease: leading");
+        metrics::get().leadership_transitions.inc();
+        self.set_status(true);
+        self.role.send_replace(Role::Leader);
+    }
+
+    /// Ends the term, if one runs: fence closed first, then the metric and the role.
+    pub fn step_down(&self, transition: Transition, why: &str) {
+        let mut state = self.state.lock().expect("leadership lock");
+        self.fence.revoke();
+        if transition == Transition::Shutdown {
+            state.shut_down = true;
+        }
+        if state.role == Role::Follower {
+            return;
+        }
+        state.role = Role::Follower;
+        let span = info_span!("leader_election", transition = transition.as_str(), identity = %self.identity, why);
+        let _entered = span.enter();
+        match transition {
+            Transition::Lost => warn!(
+                identity = %self.identity,
+                why, "lost leadership: stopping workers, staying a follower"
+            ),
+            Transition::Shutdown => info!(identity = %self.identity, why, "stepping down"),
+        }
+        self.set_status(false);
+        self.role.send_replace(Role::Follower);
+    }
+}
+
+/// What a term runs.
+pub struct Terms {
+    pub controller: Arc<Controller>,
+    pub ctx: Arc<Context>,
+    pub workers_per_shard: usize,
+    /// How long a shutdown waits for the workers to stop.
+    pub grace: Duration,
+}
+
+/// Runs a term whenever this replica leads, until `stop` resolves; then shuts down in the
+/// order of the module doc. `election` is the election's task and its stop token.
+pub async fn run(
+    leadership: Leadership,
+    terms: Terms,
+    election: (tokio::task::JoinHandle<()>, CancellationToken),
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let mut role = leadership.subscribe();
+    let mut term: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            changed = role.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let now = *role.borrow_and_update();
+                match (now, term.is_some()) {
+                    (Role::Leader, false) => {
+                        let cancel = CancellationToken::new();
+                        let (controller, ctx) = (terms.controller.clone(), terms.ctx.clone());
+                        let (workers, token) = (terms.workers_per_shard, cancel.clone());
+                        let handle = tokio::spawn(async move { controller.lead(ctx, workers, token).await });
+                        term = Some((cancel, handle));
+                    }
+                    (Role::Follower, true) => {
+                        let (cancel, handle) = term.take().expect("checked");
+                        cancel.cancel();
+                        let _ = handle.await;
+                    }
+                    _ => {}
+                }
+            }
+            _ = &mut stop => break,
+        }
+    }
+    info!("shutting down: stopping workers, then releasing the Lease");
+    leadership.step_down(Transition::Shutdown, "shutting down");
+    if let Some((cancel, handle)) = term.take() {
+        cancel.cancel();
+        if tokio::time::timeout(terms.grace, handle).await.is_err() {
+            warn!(grace = ?terms.grace, "workers did not stop within the grace period");
+        }
+    }
+    let (handle, stop_election) = election;
+    stop_election.cancel();
+    if let Err(err) = handle.await {
+        warn!(error = %err, "the election task failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_term_opens_the_fence_and_stepping_down_closes_it_first() {
+        let fence = Fence::default();
+        let leadership = Leadership::new(fence.clone(), "l", "me");
+        let role = leadership.subscribe();
+        let t = Instant::now();
+        leadership.extend(t + Duration::from_secs(5));
+        assert!(leadership.is_leading());
+        assert_eq!(*role.borrow(), Role::Leader);
+        assert!(fence.deadline_at(t).is_ok());
+        leadership.step_down(Transition::Lost, "test");
+        assert!(fence.deadline_at(t).is_err());
+        assert_eq!(*role.borrow(), Role::Follower);
+        // A later term may begin again after a loss …
+        leadership.extend(t + Duration::from_secs(5));
+        assert!(leadership.is_leading());
+        // … but never after a shutdown, even if a renew lands late.
+        leadership.step_down(Transition::Shutdown, "test");
+        leadership.extend(t + Duration::from_secs(5));
+        assert!(!leadership.is_leading());
+        assert!(fence.deadline_at(t).is_err());
+    }
+}
