@@ -1,6 +1,7 @@
 //! Command line: every flag of `run` can also come from an environment variable.
 
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -32,9 +33,17 @@ pub struct RunArgs {
     #[arg(long, env = "MYRESOURCE_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Namespaces to watch, comma-separated. Empty (the default) watches all namespaces.
-    #[arg(long = "namespaces", env = "WATCH_NAMESPACES", value_delimiter = ',')]
-    pub namespaces: Vec<String>,
+    /// Namespaces to watch, comma-separated. Empty (the default, or an empty value) watches
+    /// all namespaces; empty entries are ignored.
+    #[arg(
+        long = "namespaces",
+        env = "WATCH_NAMESPACES",
+        value_name = "NAMESPACES",
+        default_value = "",
+        hide_default_value = true,
+        value_parser = parse_namespaces
+    )]
+    pub namespaces: Namespaces,
 
     /// This replica's name in Events and the user agent. Default: $POD_NAME, else the
     /// hostname plus a random suffix.
@@ -101,6 +110,65 @@ pub struct RunArgs {
 pub enum LogFormat {
     Json,
     Text,
+}
+
+/// The watched namespaces: empty means all namespaces. Each name is a valid namespace name,
+/// none is empty and none repeats.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Namespaces(Vec<String>);
+
+impl Deref for Namespaces {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Namespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Parses a comma-separated list of namespaces (`--namespaces`, `WATCH_NAMESPACES`).
+///
+/// An empty value, empty entries (`a,,b`) and blanks around names are dropped, so
+/// `WATCH_NAMESPACES=""` (what a template emits for an empty list) means all namespaces
+/// rather than one namespace named "", in which nothing can ever be found. Every other
+/// entry must be a namespace name: an RFC 1123 label.
+pub fn parse_namespaces(text: &str) -> Result<Namespaces, String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if let Some(why) = dns_label_error(name) {
+            return Err(format!(
+                "{name:?} (from --namespaces or WATCH_NAMESPACES) is not a namespace name: {why}; \
+                 a namespace name is at most 63 lowercase letters, digits and '-', starting \
+                 and ending with a letter or digit (RFC 1123 label)"
+            ));
+        }
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    Ok(Namespaces(names))
+}
+
+/// Why `name` is not an RFC 1123 label, or `None` when it is one.
+fn dns_label_error(name: &str) -> Option<String> {
+    if name.len() > 63 {
+        return Some(format!("{} characters, more than 63", name.len()));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        return Some(format!("it contains {c:?}"));
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        return Some("it starts or ends with '-'".into());
+    }
+    None
 }
 
 /// Parses `1500ms`, `15s`, `2m` (a bare number means seconds).
@@ -181,10 +249,46 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("run expected")
         };
-        assert_eq!(args.namespaces, vec!["a", "b"]);
+        assert_eq!(*args.namespaces, ["a", "b"]);
         assert_eq!(args.shards, 4);
         let err = Cli::try_parse_from(["myresource-operator", "run", "--shards", "0"]).unwrap_err();
         assert!(err.to_string().contains("--shards"), "{err}");
+    }
+
+    fn namespaces(args: &[&str]) -> Result<Namespaces, clap::Error> {
+        let cli = Cli::try_parse_from(["myresource-operator", "run"].iter().chain(args))?;
+        let Command::Run(run) = cli.command else {
+            panic!("run expected")
+        };
+        Ok(run.namespaces)
+    }
+
+    #[test]
+    fn empty_namespace_entries_mean_all_namespaces() {
+        // What a template renders for an empty list: all namespaces, not one named "".
+        assert!(namespaces(&["--namespaces="]).unwrap().is_empty());
+        assert!(namespaces(&["--namespaces", " , ,"]).unwrap().is_empty());
+        assert_eq!(parse_namespaces(""), Ok(Namespaces::default()));
+        assert_eq!(*parse_namespaces("a,,b").unwrap(), ["a", "b"]);
+        assert_eq!(*parse_namespaces(" a , b ,").unwrap(), ["a", "b"]);
+        assert_eq!(*parse_namespaces("a,b,a").unwrap(), ["a", "b"]);
+    }
+
+    #[test]
+    fn bad_namespace_names_are_refused_with_the_value_and_the_flag() {
+        let long = "a".repeat(64);
+        for bad in ["Default", "my_ns", "-a", "a-", "a.b", "é", long.as_str()] {
+            let err = parse_namespaces(&format!("good,{bad}")).unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+            assert!(err.contains("--namespaces") && err.contains("WATCH_NAMESPACES"));
+        }
+        assert!(parse_namespaces(&"a".repeat(63)).is_ok());
+        assert!(parse_namespaces("kube-system,a1,0").is_ok());
+        // Through clap: an error (exit code 2 with this message), never a panic.
+        let err = namespaces(&["--namespaces", "ok,Not_OK"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("\"Not_OK\""), "{err}");
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]
