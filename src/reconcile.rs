@@ -53,6 +53,8 @@ pub enum Error {
     Kube(kube::Error),
     /// The ConfigMap's name is taken by an object this MyResource does not control.
     OwnedElsewhere(String),
+    /// A leftover ConfigMap of this name is being deleted, held by finalizers.
+    Terminating(String),
     /// Leadership is no longer valid; nothing was written.
     NotLeader,
 }
@@ -61,7 +63,7 @@ impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Error::Kube(err) => write!(f, "Kubernetes API: {err}"),
-            Error::OwnedElsewhere(msg) => f.write_str(msg),
+            Error::OwnedElsewhere(msg) | Error::Terminating(msg) => f.write_str(msg),
             Error::NotLeader => NotLeader.fmt(f),
         }
     }
@@ -92,6 +94,7 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Error::Kube(_) => "api",
             Error::OwnedElsewhere(_) => "owned_elsewhere",
+            Error::Terminating(_) => "configmap_terminating",
             Error::NotLeader => "not_leader",
         }
     }
@@ -123,7 +126,10 @@ pub fn desired_configmap(mr: &MyResource) -> ConfigMap {
 pub enum ConfigMapState {
     UpToDate,
     Missing,
-    /// Ours, but its data or our label differ (someone edited it, or the spec changed).
+    /// Ours and right, but it also carries data keys that someone else wrote; server-side
+    /// apply cannot remove fields another manager owns, so they are left alone and named.
+    ExtraKeys(Vec<String>),
+    /// Ours, but our data keys or our label differ (someone edited it, or the spec changed).
     Drifted,
     /// Left behind by an earlier MyResource of the same name (deleted; garbage collection
     /// has not removed its ConfigMap yet): safe to delete, by uid, and replace.
@@ -132,6 +138,9 @@ pub enum ConfigMapState {
     },
     /// Someone else's: the message says whose and what to do.
     OwnedElsewhere(String),
+    /// Being deleted (a leftover whose finalizers have not finished): deleting or creating
+    /// again cannot help until they do; the message names them.
+    Terminating(String),
 }
 
 /// Compares an existing ConfigMap (if any) with the desired one for `mr`.
@@ -143,6 +152,16 @@ pub fn classify(
     let Some(cm) = existing else {
         return ConfigMapState::Missing;
     };
+    if cm.metadata.deletion_timestamp.is_some() {
+        let finalizers = cm.finalizers().join(", ");
+        return ConfigMapState::Terminating(format!(
+            "ConfigMap {} is being deleted but its finalizers ({finalizers}) hold it; it is \
+             recreated once whoever owns them removes them (kubectl get configmap {} -o \
+             yaml shows them)",
+            cm.name_any(),
+            cm.name_any()
+        ));
+    }
     let uid = mr.uid().unwrap_or_default();
     let controller = cm
         .owner_references()
@@ -180,10 +199,23 @@ pub fn classify(
         }
     }
     let labelled = cm.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
-    if labelled && cm.data == desired.data {
+    let empty = BTreeMap::new();
+    let (have, want) = (
+        cm.data.as_ref().unwrap_or(&empty),
+        desired.data.as_ref().unwrap_or(&empty),
+    );
+    if !labelled || want.iter().any(|(k, v)| have.get(k) != Some(v)) {
+        return ConfigMapState::Drifted;
+    }
+    let extra: Vec<String> = have
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .cloned()
+        .collect();
+    if extra.is_empty() {
         ConfigMapState::UpToDate
     } else {
-        ConfigMapState::Drifted
+        ConfigMapState::ExtraKeys(extra)
     }
 }
 
@@ -194,21 +226,31 @@ pub fn desired_status(
     mr: &MyResource,
     pods: PodCounts,
     problem: Option<(&str, &str)>,
+    extra_keys: &[String],
     now: Timestamp,
 ) -> MyResourceStatus {
     let generation = mr.metadata.generation;
     let name = mr.name_any();
     let (status, reason, message) = match problem {
-        None => (
-            "True",
-            "Reconciled".to_string(),
-            format!(
+        None => {
+            let mut message = format!(
                 "ConfigMap {name} holds the spec of generation {}; {} of {} labelled Pods are Ready",
                 generation.unwrap_or_default(),
                 pods.ready,
                 pods.total
-            ),
-        ),
+            );
+            let reason = if extra_keys.is_empty() {
+                "Reconciled"
+            } else {
+                message.push_str(&format!(
+                    "; it also carries keys written by someone else ({}), which this operator \
+                     leaves alone",
+                    extra_keys.join(", ")
+                ));
+                "ReconciledWithForeignKeys"
+            };
+            ("True", reason.to_string(), message)
+        }
         Some((reason, message)) => ("False", reason.to_string(), message.to_string()),
     };
     let previous = mr
@@ -301,7 +343,10 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
                     ConfigMapState::Missing | ConfigMapState::Stale { .. } => {
                         return Ok(Outcome::RequeueAfter(Duration::from_millis(200)));
                     }
-                    ConfigMapState::UpToDate | ConfigMapState::OwnedElsewhere(_) => {}
+                    ConfigMapState::UpToDate
+                    | ConfigMapState::ExtraKeys(_)
+                    | ConfigMapState::OwnedElsewhere(_)
+                    | ConfigMapState::Terminating(_) => {}
                 }
             }
             Err(err) => return Err(err.into()),
@@ -319,10 +364,15 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
         ConfigMapState::OwnedElsewhere(message) => {
             Some(("ConfigMapOwnedElsewhere", message.as_str()))
         }
+        ConfigMapState::Terminating(message) => Some(("ConfigMapTerminating", message.as_str())),
         _ => None,
     };
+    let extra_keys = match &state {
+        ConfigMapState::ExtraKeys(keys) => keys.as_slice(),
+        _ => &[],
+    };
 
-    let status = desired_status(&mr, pods, problem, Timestamp::now());
+    let status = desired_status(&mr, pods, problem, extra_keys, Timestamp::now());
     if mr.status.as_ref() != Some(&status) {
         ctx.fence.check()?;
         let api: Api<MyResource> = Api::namespaced(ctx.client.clone(), &key.namespace);
@@ -346,8 +396,11 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
             }
         }
     }
+    // Failures go back to the queue, whose backoff (200 ms doubling to 5 min) bounds the
+    // retries; the status says what blocks progress.
     match state {
         ConfigMapState::OwnedElsewhere(message) => Err(Error::OwnedElsewhere(message)),
+        ConfigMapState::Terminating(message) => Err(Error::Terminating(message)),
         _ => Ok(Outcome::Success),
     }
 }
@@ -486,18 +539,19 @@ mod tests {
         let mut mr = mr();
         let t0 = Timestamp::from_second(1_000).unwrap();
         let pods = PodCounts { total: 3, ready: 2 };
-        let first = desired_status(&mr, pods, None, t0);
+        let first = desired_status(&mr, pods, None, &[], t0);
         assert_eq!(first.observed_generation, Some(2));
         assert_eq!(first.conditions[0].status, "True");
         mr.status = Some(first.clone());
         // Later, same world: equal, so nothing is written.
-        let later = desired_status(&mr, pods, None, Timestamp::from_second(2_000).unwrap());
+        let later = desired_status(&mr, pods, None, &[], Timestamp::from_second(2_000).unwrap());
         assert_eq!(later, first);
         // A failure flips the condition and its transition time.
         let failed = desired_status(
             &mr,
             pods,
             Some(("ConfigMapOwnedElsewhere", "taken")),
+            &[],
             Timestamp::from_second(3_000).unwrap(),
         );
         assert_eq!(failed.conditions[0].status, "False");
@@ -506,5 +560,60 @@ mod tests {
             failed.conditions[0].last_transition_time,
             Time(Timestamp::from_second(3_000).unwrap())
         );
+    }
+
+    /// Issue 13, item 9: a key written by another field manager was "drift" forever.
+    #[test]
+    fn keys_written_by_someone_else_are_named_not_fought() {
+        let mut mr = mr();
+        let desired = desired_configmap(&mr);
+        let mut extra = desired.clone();
+        extra
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("theirs".into(), "x".into());
+        let state = classify(Some(&extra), &desired, &mr);
+        assert_eq!(state, ConfigMapState::ExtraKeys(vec!["theirs".into()]));
+        let pods = PodCounts { total: 0, ready: 0 };
+        let keys = vec!["theirs".to_string()];
+        let t = Timestamp::from_second(1_000).unwrap();
+        let status = desired_status(&mr, pods, None, &keys, t);
+        let ready = &status.conditions[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "ReconciledWithForeignKeys")
+        );
+        assert!(ready.message.contains("theirs"), "{}", ready.message);
+        // Stable: the same world later yields the same status, so nothing is written.
+        mr.status = Some(status.clone());
+        let later = Timestamp::from_second(2_000).unwrap();
+        assert_eq!(desired_status(&mr, pods, None, &keys, later), status);
+        // One of our keys edited is still drift, extra keys or not.
+        extra
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("message".into(), "edited".into());
+        assert_eq!(
+            classify(Some(&extra), &desired, &mr),
+            ConfigMapState::Drifted
+        );
+    }
+
+    /// Issue 13, item 9: a leftover held by a foreign finalizer looped delete → create →
+    /// requeue every 200 ms.
+    #[test]
+    fn a_configmap_held_by_finalizers_is_reported_not_deleted_again() {
+        let mr = mr();
+        let desired = desired_configmap(&mr);
+        let mut leftover = desired.clone();
+        leftover.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-0".into();
+        leftover.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(1).unwrap()));
+        leftover.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        let ConfigMapState::Terminating(message) = classify(Some(&leftover), &desired, &mr) else {
+            panic!("a ConfigMap being deleted is neither stale nor missing");
+        };
+        assert!(message.contains("example.com/hold"), "{message}");
     }
 }

@@ -213,6 +213,33 @@ fn start() -> Result<Shared> {
     Ok(shared)
 }
 
+/// Stops this binary's kube-apiserver (an outage: connections are refused until
+/// [`start_apiserver`]). Only for test binaries whose every test expects it.
+pub fn stop_apiserver() -> Result<()> {
+    let mut guard = CLUSTER.lock().expect("cluster lock");
+    let cluster = guard
+        .as_mut()
+        .ok_or_else(|| anyhow!("no local cluster in this test binary"))?;
+    let apiserver = cluster
+        .process("kube-apiserver")
+        .ok_or_else(|| anyhow!("no kube-apiserver"))?;
+    apiserver.stop(std::time::Duration::from_secs(10));
+    Ok(())
+}
+
+/// Starts this binary's kube-apiserver again and waits until it is ready.
+pub async fn start_apiserver() -> Result<()> {
+    // Out of the lock while awaiting; back in afterwards (also on failure).
+    let mut cluster = CLUSTER
+        .lock()
+        .expect("cluster lock")
+        .take()
+        .ok_or_else(|| anyhow!("no local cluster in this test binary"))?;
+    let result = cluster.restart("kube-apiserver").await;
+    *CLUSTER.lock().expect("cluster lock") = Some(cluster);
+    result
+}
+
 extern "C" fn stop_at_exit() {
     let cluster = match CLUSTER.lock() {
         Ok(mut guard) => guard.take(),
