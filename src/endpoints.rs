@@ -1,10 +1,17 @@
 //! HTTP endpoints: `/healthz` (the runtime answers), `/readyz` (caches synced; never "is
 //! leader", so followers are ready too), and `/metrics` (Prometheus text, or OpenMetrics
 //! when the scraper asks for it).
+//!
+//! The servers are bounded: a failed `accept` (out of file descriptors, say) pauses the
+//! accept loop with a doubling backoff instead of retrying at once, and is logged at a
+//! bounded rate; each connection must send its request headers within
+//! [`Limits::header_read`] and lives at most [`Limits::connection`] (keep-alive included);
+//! at most [`Limits::max_connections`] are served at once and further ones are closed.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use http_body_util::Full;
@@ -12,57 +19,173 @@ use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-use tracing::{debug, info};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tracing::{debug, info, warn};
 
 /// Answers one request: its path and its Accept header.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, path: &str, accept: &str) -> (StatusCode, &'static str, String);
 }
 
-/// Binds `addr` and serves `handler` until the process ends; returns the bound address.
+/// How much an endpoint server gives its clients.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Longest wait for a request's headers, also between requests on a kept-alive
+    /// connection.
+    pub header_read: Duration,
+    /// Longest life of a connection; then it is shut down gracefully (a request in flight
+    /// is answered first, within `header_read`).
+    pub connection: Duration,
+    /// Connections served at once; a further one is closed as soon as it is accepted.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read: Duration::from_secs(10),
+            connection: Duration::from_secs(30),
+            max_connections: 64,
+        }
+    }
+}
+
+/// Binds `addr` and serves `handler` with the default [`Limits`] until the process ends;
+/// returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     name: &'static str,
     handler: Arc<dyn Handler>,
+) -> Result<SocketAddr> {
+    serve_with(addr, name, handler, Limits::default()).await
+}
+
+/// [`serve`] with explicit limits.
+pub async fn serve_with(
+    addr: SocketAddr,
+    name: &'static str,
+    handler: Arc<dyn Handler>,
+    limits: Limits,
 ) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the {name} address {addr}"))?;
     let bound = listener.local_addr()?;
     info!(%bound, "{name} endpoint listening");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let accept = req
-                        .headers()
-                        .get(hyper::header::ACCEPT)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default();
-                    let (status, content_type, body) = handler.handle(req.uri().path(), accept);
-                    let response = Response::builder()
-                        .status(status)
-                        .header("content-type", content_type)
-                        .body(Full::new(Bytes::from(body)))
-                        .expect("static response parts are valid");
-                    async move { Ok::<_, Infallible>(response) }
-                });
-                if let Err(err) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(error = %err, "endpoint connection ended with an error");
-                }
-            });
-        }
-    });
+    tokio::spawn(accept_loop(listener, name, handler, limits));
     Ok(bound)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    name: &'static str,
+    handler: Arc<dyn Handler>,
+    limits: Limits,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut failures = AcceptFailures::default();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                let (pause, log) = failures.failed();
+                if log {
+                    warn!(
+                        error = %err,
+                        failures = failures.consecutive,
+                        ?pause,
+                        "{name} endpoint: accepting a connection failed"
+                    );
+                }
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        };
+        if let Some(ended) = failures.succeeded() {
+            info!(
+                failures = ended,
+                "{name} endpoint: accepting connections again"
+            );
+        }
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(
+                max = limits.max_connections,
+                "{name} endpoint: too many connections, closing a new one"
+            );
+            continue;
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, handler, limits).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn serve_connection(stream: TcpStream, handler: Arc<dyn Handler>, limits: Limits) {
+    let service = service_fn(move |req: Request<Incoming>| {
+        let accept = req
+            .headers()
+            .get(hyper::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let (status, content_type, body) = handler.handle(req.uri().path(), accept);
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body)))
+            .expect("static response parts are valid");
+        async move { Ok::<_, Infallible>(response) }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        _ = tokio::time::sleep(limits.connection) => {
+            connection.as_mut().graceful_shutdown();
+            match tokio::time::timeout(limits.header_read, connection.as_mut()).await {
+                Ok(result) => result,
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(err) = result {
+        debug!(error = %err, "endpoint connection ended with an error");
+    }
+}
+
+/// A run of consecutive `accept` failures: how long to pause before the next attempt, and
+/// which failures to log. Pure, so the pacing is tested without sockets.
+#[derive(Debug, Default)]
+struct AcceptFailures {
+    consecutive: u32,
+}
+
+impl AcceptFailures {
+    const FIRST_PAUSE: Duration = Duration::from_millis(100);
+    const MAX_PAUSE: Duration = Duration::from_secs(1);
+    /// Once the pause is at its cap, one line per this many failures (about 10 s).
+    const LOG_EVERY: u32 = 10;
+
+    /// Records a failure: the pause before the next accept (100 ms, doubling to 1 s) and
+    /// whether to log it (the first of a run, then every [`Self::LOG_EVERY`]th).
+    fn failed(&mut self) -> (Duration, bool) {
+        self.consecutive = self.consecutive.saturating_add(1);
+        let doublings = (self.consecutive - 1).min(16);
+        let pause = (Self::FIRST_PAUSE * 2u32.pow(doublings)).min(Self::MAX_PAUSE);
+        let log = self.consecutive == 1 || self.consecutive.is_multiple_of(Self::LOG_EVERY);
+        (pause, log)
+    }
+
+    /// Records a success; returns the length of the run of failures it ends, if any.
+    fn succeeded(&mut self) -> Option<u32> {
+        Some(std::mem::take(&mut self.consecutive)).filter(|n| *n > 0)
+    }
 }
 
 /// `/healthz` and `/readyz`.
@@ -101,5 +224,164 @@ impl Handler for Metrics {
             "text/plain; version=0.0.4; charset=utf-8"
         };
         (StatusCode::OK, content_type, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn accept_failures_pause_with_a_doubling_backoff_and_log_at_a_bounded_rate() {
+        let mut failures = AcceptFailures::default();
+        let ms = Duration::from_millis;
+        let run: Vec<(Duration, bool)> = (0..30).map(|_| failures.failed()).collect();
+        let pauses: Vec<Duration> = run.iter().map(|(p, _)| *p).collect();
+        assert_eq!(
+            pauses[..6],
+            [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]
+        );
+        assert!(pauses[4..].iter().all(|p| *p == ms(1000)));
+        // 30 failures in a row (about 26 s of pauses): 4 log lines, not 30.
+        let logged: Vec<usize> = (0..30).filter(|i| run[*i].1).map(|i| i + 1).collect();
+        assert_eq!(logged, [1, 10, 20, 30]);
+        // A success ends the run: the next failure pauses briefly and is logged again.
+        assert_eq!(failures.succeeded(), Some(30));
+        assert_eq!(failures.succeeded(), None);
+        assert_eq!(failures.failed(), (ms(100), true));
+        // No overflow however long the run.
+        failures.consecutive = u32::MAX - 1;
+        assert_eq!(failures.failed().0, ms(1000));
+        assert_eq!(failures.failed().0, ms(1000));
+    }
+
+    struct Ok200;
+
+    impl Handler for Ok200 {
+        fn handle(&self, _path: &str, _accept: &str) -> (StatusCode, &'static str, String) {
+            (StatusCode::OK, "text/plain", "ok".into())
+        }
+    }
+
+    async fn server(limits: Limits) -> SocketAddr {
+        serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            "test",
+            Arc::new(Ok200),
+            limits,
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Reads until the server closes the connection; returns what it sent and when it
+    /// closed (relative to `since`). Fails the test if it is still open after `limit`.
+    async fn until_closed(
+        stream: &mut TcpStream,
+        since: Instant,
+        limit: Duration,
+    ) -> (String, Duration) {
+        let mut received = Vec::new();
+        tokio::time::timeout(limit, stream.read_to_end(&mut received))
+            .await
+            .expect("the server closes the connection")
+            .expect("reading");
+        (
+            String::from_utf8_lossy(&received).into_owned(),
+            since.elapsed(),
+        )
+    }
+
+    #[tokio::test]
+    async fn silent_and_idle_connections_are_closed() {
+        let limits = Limits {
+            header_read: Duration::from_millis(200),
+            connection: Duration::from_millis(600),
+            max_connections: 8,
+        };
+        let addr = server(limits).await;
+
+        // Connects and never sends a request: closed after the header-read timeout.
+        let start = Instant::now();
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let (sent, after) = until_closed(&mut silent, start, Duration::from_secs(5)).await;
+        assert!(after >= limits.header_read, "closed after {after:?}");
+        assert!(!sent.contains("200 OK"), "{sent}");
+
+        // One request on a kept-alive connection, then idle: answered, then closed.
+        let start = Instant::now();
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+            .await
+            .unwrap();
+        let (sent, after) = until_closed(&mut idle, start, Duration::from_secs(5)).await;
+        assert!(sent.starts_with("HTTP/1.1 200 OK"), "{sent}");
+        assert!(
+            after <= limits.connection + Duration::from_secs(1),
+            "closed after {after:?}"
+        );
+
+        // A client that keeps sending requests is still cut at the connection's lifetime.
+        let start = Instant::now();
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 4096];
+        let closed = loop {
+            if busy
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+                .await
+                .is_err()
+            {
+                break start.elapsed();
+            }
+            match tokio::time::timeout(Duration::from_secs(5), busy.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break start.elapsed(),
+                Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => panic!("no answer within 5 s"),
+            }
+        };
+        assert!(closed >= limits.connection, "closed after {closed:?}");
+        assert!(closed < Duration::from_secs(5), "closed after {closed:?}");
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed_at_once() {
+        let limits = Limits {
+            header_read: Duration::from_secs(30),
+            connection: Duration::from_secs(30),
+            max_connections: 2,
+        };
+        let addr = server(limits).await;
+        let held = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        let start = Instant::now();
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let (sent, _) = until_closed(&mut extra, start, Duration::from_secs(5)).await;
+        assert_eq!(sent, "");
+        // Once a slot is free again, connections are served.
+        drop(held);
+        let answered = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let mut stream = TcpStream::connect(addr).await.unwrap();
+                stream
+                    .write_all(b"GET /healthz HTTP/1.0\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut response = String::new();
+                let _ = stream.read_to_string(&mut response).await;
+                if response.contains(" 200 OK") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            answered.is_ok(),
+            "no answer after the held connections closed"
+        );
     }
 }
