@@ -361,7 +361,8 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// A watcher's events with its failures retried: after a failure it waits kube's
 /// exponential backoff or until the API server answers again (`returns` moves), whichever
-/// comes first. Failures are logged at a bounded rate.
+/// comes first; a return also starts the backoff over. Failures are logged at a bounded
+/// rate.
 fn retried<K, S>(
     events: S,
     returns: watch::Receiver<u64>,
@@ -409,7 +410,13 @@ where
             };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
-                _ = returned => debug!(kind = %st.kind, "the API server answers again: retrying the watch now"),
+                _ = returned => {
+                    // A server that has just come back may not serve everything yet (a
+                    // CRD still being loaded answers 404): start the backoff over, so the
+                    // next retries come soon too.
+                    st.backoff.reset();
+                    debug!(kind = %st.kind, "the API server answers again: retrying the watch now");
+                }
             }
         }
     })

@@ -55,14 +55,28 @@ impl Telemetry {
     }
 }
 
+/// kube's own request layer logs every failed request at ERROR, so an unreachable API
+/// server turned into one line per request. The operator counts every request
+/// (`rest_client_requests_total`) and logs repeated failures at a bounded rate itself, so
+/// that target is off unless the filter names it.
+fn quiet_kube_request_errors(directives: &str) -> String {
+    const TARGET: &str = "kube_client::client::builder";
+    if directives.contains(TARGET) {
+        directives.to_string()
+    } else {
+        format!("{directives},{TARGET}=off")
+    }
+}
+
 /// Installs the global subscriber (and, with an OTLP endpoint, the exporter). Call inside
 /// the tokio runtime: the gRPC exporter needs it.
 pub fn init(level: &str, format: Option<LogFormat>, identity: Identity<'_>) -> Result<Telemetry> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives),
-        _ => EnvFilter::try_new(level),
-    }
-    .with_context(|| format!("invalid log filter {level:?}"))?;
+    let directives = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.is_empty() => directives,
+        _ => level.to_string(),
+    };
+    let filter = EnvFilter::try_new(quiet_kube_request_errors(&directives))
+        .with_context(|| format!("invalid log filter {directives:?}"))?;
     let json = match format {
         Some(LogFormat::Json) => true,
         Some(LogFormat::Text) => false,
@@ -212,5 +226,20 @@ impl Visit for JsonVisitor<'_> {
 
     fn record_f64(&mut self, field: &Field, value: f64) {
         self.0.insert(field.name().into(), value.into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kube_request_errors_are_quiet_unless_asked_for() {
+        assert_eq!(
+            quiet_kube_request_errors("info"),
+            "info,kube_client::client::builder=off"
+        );
+        let asked = "info,kube_client::client::builder=debug";
+        assert_eq!(quiet_kube_request_errors(asked), asked);
     }
 }

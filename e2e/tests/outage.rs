@@ -91,7 +91,7 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
         // One election request per retry period (1–1.2 s) plus three watches backing off:
         // about 40. A busy loop made thousands.
         assert!(sent <= 100.0, "{sent} requests in {OUTAGE:?}");
-        assert!(lines <= 60, "{lines} log lines in {OUTAGE:?}");
+        assert!(lines <= 30, "{lines} log lines in {OUTAGE:?}");
         assert!(
             cpu <= OUTAGE.as_secs_f64() * 0.25,
             "{cpu:.2} s of CPU in {OUTAGE:?}"
