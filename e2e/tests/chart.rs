@@ -1,7 +1,8 @@
 //! The Helm chart against the real control plane: lint, render with several value sets
 //! (each accepted by a server-side dry run), schema refusals, install/upgrade/uninstall,
 //! three replicas running with exactly the chart's RBAC (a ServiceAccount token), and a
-//! real Prometheus scraping them, evaluating every dashboard query and alert expression.
+//! real Prometheus scraping them, evaluating every dashboard query and alert expression; a
+//! namespaced install (`watchNamespaces`) whose rights hold in the watched namespaces only.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,9 +14,9 @@ use e2e::operator::{Operator, http_get, workspace_root};
 use e2e::process::{Lifetime, run, spawn};
 use e2e::wait::poll;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role};
 use kube::Api;
 use kube::api::PostParams;
 use myresource_operator::resource::{MyResource, MyResourceSpec};
@@ -75,13 +76,15 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
     let env = harness::setup("chart-render").await?;
     run(helm(&env)?.args(["lint", "--strict"]).arg(chart()), None)?;
     monitoring_crds(&env).await?;
+    // A Role goes into each watched namespace: for the dry run, this test's own.
+    let watched = format!("watchNamespaces={{{}}}", env.namespace);
     let value_sets: [&[&str]; 4] = [
         &[],
         &[
             "--set",
             "replicaCount=5",
             "--set",
-            "watchNamespaces={a,b}",
+            &watched,
             "--set",
             "sharding.shards=8",
         ],
@@ -119,8 +122,10 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
         )
         .with_context(|| format!("value set {i} {values:?}"))?;
     }
-    let refusals: [(&[&str], &str); 5] = [
+    let refusals: [(&[&str], &str); 7] = [
         (&["--set", "replicaCount=-1"], "replicaCount"),
+        (&["--set", "watchNamespaces={Not_OK}"], "watchNamespaces"),
+        (&["--set", "watchNamespaces={a,a}"], "watchNamespaces"),
         (
             &["--set", "leaderElection.leaseDuration=15"],
             "leaseDuration",
@@ -274,6 +279,165 @@ fn service_account_kubeconfig(env: &TestEnv, account: &str) -> Result<PathBuf> {
         .with_file_name(format!("{}-sa.kubeconfig", env.namespace));
     std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)?;
     Ok(path)
+}
+
+/// Whether `account` (a ServiceAccount in `namespace`) may `verb` `resource` (optionally
+/// `resource/subresource`) in `scope` (`-n NS` or `--all-namespaces`), as the API server
+/// decides it: `kubectl auth can-i` impersonating the account.
+fn can(
+    env: &TestEnv,
+    namespace: &str,
+    account: &str,
+    verb: &str,
+    resource: &str,
+    scope: &[&str],
+) -> Result<bool> {
+    let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+    let out = kubectl(env)?
+        .args(["auth", "can-i", verb, resource])
+        .arg(format!("--subresource={subresource}"))
+        .arg(format!("--as=system:serviceaccount:{namespace}:{account}"))
+        .args(scope)
+        .output()?;
+    match String::from_utf8_lossy(&out.stdout).trim() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        other => bail!(
+            "kubectl auth can-i {verb} {resource} {scope:?}: {other:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_namespaced_install_grants_roles_in_the_watched_namespaces_only() -> Result<()> {
+    let env = harness::setup("chart-ns").await?;
+    let release = "nsd";
+    let ns = env.namespace.clone();
+    // The operator lives in the release namespace and watches another one.
+    let watched = format!("{ns}-watched");
+    e2e::cluster::create_namespace(&env.client, &watched).await?;
+    let values = [
+        "--set".to_string(),
+        format!("watchNamespaces={{{watched}}}"),
+        "--set".into(),
+        "replicaCount=0".into(),
+        "--skip-crds".into(),
+    ];
+    let rendered = run(
+        helm(&env)?
+            .args(["template", release])
+            .arg(chart())
+            .args(["--namespace", &ns])
+            .args(&values),
+        None,
+    )?;
+    assert!(!rendered.contains("kind: ClusterRole"), "{rendered}");
+    assert!(
+        rendered.contains(&format!(
+            "name: WATCH_NAMESPACES\n              value: \"{watched}\""
+        )),
+        "{rendered}"
+    );
+    run(
+        helm(&env)?
+            .args(["install", release])
+            .arg(chart())
+            .args(["-n", &ns])
+            .args(&values),
+        None,
+    )?;
+    let account = "nsd-myresource-operator";
+    // Nothing cluster-wide names the account …
+    let bindings = Api::<ClusterRoleBinding>::all(env.client.clone())
+        .list(&Default::default())
+        .await?;
+    let cluster_wide: Vec<_> = bindings
+        .items
+        .iter()
+        .filter(|b| {
+            b.subjects.iter().flatten().any(|s| {
+                s.kind == "ServiceAccount"
+                    && s.name == account
+                    && s.namespace.as_deref() == Some(ns.as_str())
+            })
+        })
+        .filter_map(|b| b.metadata.name.clone())
+        .collect();
+    assert!(
+        cluster_wide.is_empty(),
+        "ClusterRoleBindings for the operator: {cluster_wide:?}"
+    );
+    // … and the API server agrees: the operator's rights hold in the watched namespace only.
+    let rights = [
+        ("watch", "myresources.trstringer.com"),
+        ("patch", "myresources.trstringer.com/status"),
+        ("create", "configmaps"),
+        ("delete", "configmaps"),
+        ("list", "pods"),
+        ("create", "events.events.k8s.io"),
+    ];
+    for (verb, resource) in rights {
+        assert!(
+            can(&env, &ns, account, verb, resource, &["-n", &watched])?,
+            "{verb} {resource} in {watched}"
+        );
+        for scope in [["-n", ns.as_str()], ["-n", "default"]] {
+            assert!(
+                !can(&env, &ns, account, verb, resource, &scope)?,
+                "{verb} {resource} {scope:?}"
+            );
+        }
+        assert!(
+            !can(&env, &ns, account, verb, resource, &["--all-namespaces"])?,
+            "{verb} {resource} in every namespace"
+        );
+    }
+    assert!(!can(
+        &env,
+        &ns,
+        account,
+        "update",
+        "myresources.trstringer.com/finalizers",
+        &["-n", &watched]
+    )?);
+
+    // A replica with exactly these rights reconciles in the watched namespace.
+    let kubeconfig = service_account_kubeconfig(&env, account)?;
+    let mut config = env.operator_config("op", &["--lease-name=myresource-operator"]);
+    config.kubeconfig = kubeconfig;
+    config.namespaces = vec![watched.clone()];
+    let mut op = Operator::start(config)?;
+    op.wait_ready().await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &watched);
+    let mr = MyResource::new(
+        "scoped",
+        MyResourceSpec {
+            message: "namespaced".into(),
+            some_value: 1,
+        },
+    );
+    mrs.create(&PostParams::default(), &mr).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &watched);
+    poll(
+        "the ConfigMap and Ready status",
+        Duration::from_secs(30),
+        || async {
+            let ready = mrs.get("scoped").await?.status.is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            Ok((ready && cms.get_opt("scoped").await?.is_some()).then_some(()))
+        },
+    )
+    .await?;
+    assert!(
+        !op.log().contains("forbidden"),
+        "a forbidden request:\n{}",
+        op.log()
+    );
+    Ok(())
 }
 
 #[tokio::test]
@@ -543,6 +707,10 @@ fn plain_manifests_are_the_chart_rendered_with_defaults() -> Result<()> {
             .args(["--namespace", "myresource-operator"]),
         None,
     )?;
+    assert!(
+        !rendered.contains("WATCH_NAMESPACES"),
+        "an empty watchNamespaces must leave WATCH_NAMESPACES unset"
+    );
     let checked_in = std::fs::read_to_string(workspace_root().join("deploy/manifests.yaml"))?;
     assert!(
         checked_in == rendered,
