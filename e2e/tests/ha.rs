@@ -1,6 +1,7 @@
 //! Three replicas as real processes: one leader at a time, failover on SIGKILL, a fast
 //! handover on SIGTERM with no LIST and no write at takeover, fencing of a frozen or
-//! partitioned leader (proven from the audit log), and ten leader kills under a workload.
+//! partitioned leader (proven from the audit log), ten leader kills under a workload,
+//! foreign writes to the Lease and replicas with different timings.
 //! Lease timings are the test defaults: 4 s / 3 s / 1 s.
 
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use e2e::harness::{self, TestEnv};
 use e2e::operator::{Operator, wait_for_log};
 use e2e::proxy::Proxy;
 use e2e::wait::poll;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -384,5 +386,127 @@ async fn ten_leader_kills_under_a_workload_lose_nothing() -> Result<()> {
     wait_converged(&env, remaining).await?;
     eprintln!("converged {:?} after the last kill", last_kill.elapsed());
     assert_no_overlaps(&env)?;
+    Ok(())
+}
+
+/// Patches every `o{i}` (i < count) with `message`, `rounds` times, while a fault goes on.
+fn churn(env: &TestEnv, count: usize, rounds: u32) -> tokio::task::JoinHandle<()> {
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    tokio::spawn(async move {
+        for n in 0..rounds {
+            for i in 0..count {
+                let patch = Patch::Merge(json!({"spec": {"message": format!("churn{n}")}}));
+                let _ = mrs
+                    .patch(&format!("o{i}"), &PatchParams::default(), &patch)
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// Issue 13, items 3–5: the Lease deleted, its holder cleared, and relabelled every 2 s
+/// by foreign writers. None of them may produce a second writer; the relabels may not keep
+/// a killed leader's Lease alive.
+#[tokio::test]
+async fn foreign_writes_to_the_lease_never_make_two_writers() -> Result<()> {
+    let env = harness::setup("foreign").await?;
+    create(&env, 5, "v0").await?;
+    let mut replicas = start_replicas(&env, &["a", "b", "c"]).await?;
+    wait_for_leader(&env, &replicas, None).await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+
+    // Deleted under a working leader, then its holder cleared: a writer each time, never two.
+    let work = churn(&env, 5, 20);
+    leases
+        .delete("myresource-operator", &Default::default())
+        .await?;
+    wait_for_leader(&env, &replicas, None).await?;
+    let clear = json!({"spec": {"holderIdentity": ""}});
+    leases
+        .patch(
+            "myresource-operator",
+            &PatchParams::default(),
+            &Patch::Merge(clear),
+        )
+        .await?;
+    wait_for_leader(&env, &replicas, None).await?;
+    work.await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+
+    // Relabelled every 2 s (bounded: 15 times) while the leader is killed.
+    let relabel = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            for n in 0..15u32 {
+                let label = json!({"metadata": {"labels": {"gitops-tick": n.to_string()}}});
+                let _ = leases
+                    .patch(
+                        "myresource-operator",
+                        &PatchParams::default(),
+                        &Patch::Merge(label),
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
+    let leader = wait_for_leader(&env, &replicas, None).await?;
+    let old = replicas[leader].config.identity.clone();
+    replicas[leader].kill();
+    let killed = Instant::now();
+    wait_for_leader(&env, &replicas, Some(&old)).await?;
+    let failover = killed.elapsed();
+    relabel.abort();
+    let bound = LEASE_DURATION + RETRY_PERIOD + Duration::from_secs(1);
+    eprintln!(
+        "SIGKILL failover with the Lease relabelled every 2 s: {failover:?} (bound {bound:?})"
+    );
+    assert!(failover <= bound, "failover took {failover:?}");
+    set_message(&env, "o0", "after").await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+    assert_no_overlaps(&env)?;
+    Ok(())
+}
+
+/// Issue 13, item 6: a leader with long timings (12 s / 8 s / 2 s) and followers with the
+/// test's 4 s / 3 s / 1 s. Frozen for 6 s — past the followers' own lease duration, inside
+/// its renew deadline — it wakes with its fence open; the followers must have waited for
+/// the record's 12 s, so nobody else wrote meanwhile.
+#[tokio::test]
+async fn followers_wait_for_the_lease_duration_the_leader_wrote() -> Result<()> {
+    let env = harness::setup("mixed").await?;
+    create(&env, 5, "v0").await?;
+    let slow = [
+        "--lease-duration=12s",
+        "--renew-deadline=8s",
+        "--retry-period=2s",
+    ];
+    let mut first = env.start_operator("long", &slow).await?;
+    poll(
+        "the long-timed replica to lead",
+        Duration::from_secs(20),
+        || async {
+            Ok(
+                (env.lease_holder().await?.as_deref() == Some(first.config.identity.as_str()))
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let mut others = start_replicas(&env, &["s1", "s2"]).await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+
+    first.process.signal(libc::SIGSTOP);
+    let work = churn(&env, 5, 10);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    first.process.signal(libc::SIGCONT);
+    work.await?;
+    wait_converged(&env, Duration::from_secs(30)).await?;
+    assert_no_overlaps(&env)?;
+    for r in others.iter_mut().chain([&mut first]) {
+        assert!(r.process.is_running());
+    }
     Ok(())
 }
