@@ -11,6 +11,10 @@
 //!                                                          │ backoff, requeue-after
 //!                                                          ▼
 //!                                                  W workers ─► reconcile ─► apply / status
+//!                                                                       │ fence layer: refused
+//!                                                                       │ when closed, deadline
+//!                                                                       ▼ = fence expiry
+//! Lease ◄─ replace ─ election ─► leadership (fence, role, metric, term, shutdown order)
 //! ```
 
 pub mod cache;
