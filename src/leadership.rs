@@ -215,7 +215,7 @@ mod tests {
     #[test]
     fn a_term_opens_the_fence_and_stepping_down_closes_it_first() {
         let fence = Fence::default();
-        let leadership = Leadership::new(fence.clone(), "l", "me");
+        let leadership = Leadership::new(fence.clone(), "leadership-test", "me");
         let role = leadership.subscribe();
         let t = Instant::now();
         leadership.extend(t + Duration::from_secs(5));
