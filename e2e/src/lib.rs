@@ -6,6 +6,9 @@
 //! - [`cluster`]: starting and stopping one control plane in a folder;
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
 //! - [`proxy`]: a loopback TCP proxy that tests cut to partition a replica;
+//! - [`overload_proxy`]: a loopback HTTPS proxy that plays an overloaded API server (429s
+//!   with `Retry-After`, writes delivered late);
+//! - [`foreign_lease`]: foreign writes to the Lease (delete, cleared holder, relabelling);
 //! - [`harness`]: one shared control plane per test binary, a namespace per test;
 //! - [`jaeger`]: a Jaeger on loopback for the tracing tests;
 //! - [`operator`]: the operator binary run as a real process;
@@ -15,9 +18,11 @@
 pub mod audit;
 pub mod binaries;
 pub mod cluster;
+pub mod foreign_lease;
 pub mod harness;
 pub mod jaeger;
 pub mod operator;
+pub mod overload_proxy;
 pub mod pki;
 pub mod process;
 pub mod proxy;
