@@ -106,20 +106,23 @@ pub fn read(path: &Path) -> Result<Vec<AuditEvent>> {
     Ok(events)
 }
 
-/// A successful Lease write that changed the holder: the start of a term.
+/// A replica's successful Lease write that changed the holder: the start of a term.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Acquisition {
     pub holder: String,
     pub at: Timestamp,
 }
 
-/// The terms of the Lease `namespace/name`, in order: every successful write whose holder
-/// differs from the previous write's ("" for a release).
+/// The terms of the Lease `namespace/name`, in order: every successful write by a replica
+/// whose holder differs from the previous such write's ("" for a release). Foreign writes
+/// (a deleted Lease, a holder cleared by another client, relabelling) start no term: they
+/// do not stop the holder from believing it leads; the next replica's acquisition does.
 pub fn acquisitions(events: &[AuditEvent], namespace: &str, name: &str) -> Vec<Acquisition> {
     let mut terms: Vec<Acquisition> = Vec::new();
     let mut writes: Vec<&AuditEvent> = events
         .iter()
         .filter(|e| e.is_write() && e.succeeded() && e.resource() == "leases")
+        .filter(|e| e.replica().is_some())
         .filter(|e| {
             e.namespace() == namespace && e.object_ref.as_ref().is_some_and(|o| o.name == name)
         })
@@ -142,9 +145,10 @@ pub fn acquisitions(events: &[AuditEvent], namespace: &str, name: &str) -> Vec<A
     terms
 }
 
-/// Successful writes to MyResource status or ConfigMaps in `namespace` by a replica that did
-/// not hold the Lease when the write reached the API server: a replica's write after
-/// another replica acquired the Lease and before it next acquired it itself.
+/// Successful writes to MyResources (any subresource), ConfigMaps or Events in `namespace`
+/// by a replica that did not hold the Lease when the write reached the API server: a
+/// replica's write after another replica acquired the Lease (or after its own release) and
+/// before it next acquired it itself.
 pub fn overlapping_writes<'a>(
     events: &'a [AuditEvent],
     namespace: &str,
@@ -153,10 +157,7 @@ pub fn overlapping_writes<'a>(
     events
         .iter()
         .filter(|e| e.is_write() && e.succeeded() && e.namespace() == namespace)
-        .filter(|e| {
-            let o = e.object_ref.clone().unwrap_or_default();
-            (o.resource == "myresources" && o.subresource == "status") || o.resource == "configmaps"
-        })
+        .filter(|e| matches!(e.resource(), "myresources" | "configmaps" | "events"))
         .filter(|e| {
             let Some(replica) = e.replica() else {
                 return false;
@@ -257,5 +258,40 @@ mod tests {
         let overlaps = overlapping_writes(&events, "ns", &terms);
         assert_eq!(overlaps.len(), 1);
         assert_eq!(overlaps[0].replica(), Some("a"));
+    }
+
+    #[test]
+    fn foreign_lease_writes_start_no_term_and_events_count_as_writes() {
+        let ua = |id: &str| format!("myresource-operator/0.1.0 ({id})");
+        let at = |s: u32| format!("2026-01-01T00:00:{s:02}Z");
+        let events = vec![
+            event("update", &ua("a"), "leases", "", &at(0), Some("a")),
+            // kubectl clears the holder, relabels, deletes: a still believes it leads.
+            event("patch", "kubectl/v1.37.2", "leases", "", &at(1), Some("")),
+            event("patch", "kubectl/v1.37.2", "leases", "", &at(2), None),
+            event("delete", "kubectl/v1.37.2", "leases", "", &at(3), None),
+            event("create", &ua("a"), "events", "", &at(4), None),
+            // b acquires; a's Event and MyResource write after that are overlaps.
+            event("create", &ua("b"), "leases", "", &at(5), Some("b")),
+            event("create", &ua("a"), "events", "", &at(6), None),
+            event("update", &ua("a"), "myresources", "", &at(7), None),
+            event("patch", &ua("b"), "events", "", &at(8), None),
+        ];
+        let terms = acquisitions(&events, "ns", "n");
+        assert_eq!(
+            terms.iter().map(|t| t.holder.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        let overlaps: Vec<_> = overlapping_writes(&events, "ns", &terms)
+            .iter()
+            .map(|e| (e.replica(), e.resource(), e.request_received_timestamp))
+            .collect();
+        assert_eq!(
+            overlaps,
+            [
+                (Some("a"), "events", at(6).parse().unwrap()),
+                (Some("a"), "myresources", at(7).parse().unwrap()),
+            ]
+        );
     }
 }
