@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use e2e::cluster::{Cluster, ClusterConfig};
 use e2e::process::Lifetime;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -23,7 +23,22 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
     let dir = root.join("target").join("demo");
     step("building the operator and finding (or building) the control plane");
     let operator = e2e::operator::binary()?;
+    let control_plane = e2e::binaries::ensure()?;
     let kubectl = e2e::binaries::kubectl()?;
+    // Everything the demo runs later, checked now: a program missing from the binaries
+    // cache must fail here, by name, not halfway through the demo.
+    for (name, path) in [
+        ("myresource-operator", &operator),
+        ("etcd", &control_plane.etcd),
+        ("kube-apiserver", &control_plane.kube_apiserver),
+        (
+            "kube-controller-manager",
+            &control_plane.kube_controller_manager,
+        ),
+        ("kubectl", &kubectl),
+    ] {
+        require_program(name, path)?;
+    }
     step(&format!(
         "starting a local control plane in {}",
         dir.display()
@@ -202,6 +217,21 @@ async fn demo(
         "\ndemo finished in {:.0} s",
         started.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// Fails unless `path` is an executable file.
+fn require_program(name: &str, path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable =
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if !executable {
+        bail!(
+            "the demo needs {name}, and {} is not an executable file (binaries cache: {})",
+            path.display(),
+            e2e::binaries::controlplane_cache().display()
+        );
+    }
     Ok(())
 }
 

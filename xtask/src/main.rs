@@ -1,8 +1,9 @@
 //! `cargo xtask …`: the project's task runner.
 //!
 //! - `cluster up|down [--dir DIR]`: a local control plane that outlives the command;
-//! - `test`: every test (unit and end-to-end against a real control plane), then a check that
-//!   no control-plane process was left behind;
+//! - `test`: every test (unit and end-to-end against a real control plane), the demo once
+//!   with an empty binaries cache (the first-use path), then a check that no control-plane
+//!   process was left behind;
 //! - `demo`: the main job end to end.
 
 use std::path::{Path, PathBuf};
@@ -32,7 +33,8 @@ enum Task {
         #[command(subcommand)]
         action: ClusterAction,
     },
-    /// Run every test: unit tests and end-to-end tests against a real local control plane.
+    /// Run every test: unit tests and end-to-end tests against a real local control plane,
+    /// a short chaos run, and the demo with an empty binaries cache (the first-use path).
     Test {
         /// Extra arguments for `cargo test` (for example a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -186,6 +188,11 @@ fn test(cargo_args: &[String]) -> Result<()> {
             status = chaos;
         }
     }
+    let first_use = if use_existing {
+        Ok(())
+    } else {
+        first_use_demo()
+    };
     let left: Vec<_> = leftovers()
         .into_iter()
         .filter(|p| !before.contains(p))
@@ -195,8 +202,56 @@ fn test(cargo_args: &[String]) -> Result<()> {
     }
     eprintln!("no control-plane or operator process outlived the test run");
     if !status.success() {
+        if let Err(err) = &first_use {
+            eprintln!("error: {err:#}");
+        }
         bail!("cargo test failed ({status})");
     }
+    first_use
+}
+
+/// The first-use path, proven on every run: `cargo xtask demo` as a child process (this
+/// same binary) whose binaries cache (`MYRESOURCE_OPERATOR_CACHE`) is a fresh, empty
+/// folder, so every program the demo uses must be built on the way, as on a new machine.
+/// Go's own module and build caches are kept, so this is a relink, not a rebuild. The
+/// folder is removed afterwards.
+fn first_use_demo() -> Result<()> {
+    let cache = std::env::temp_dir().join(format!(
+        "myresource-operator-first-use-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache)?;
+    eprintln!(
+        "==> first use: cargo xtask demo with an empty binaries cache in {}",
+        cache.display()
+    );
+    let started = Instant::now();
+    let status = Command::new(std::env::current_exe()?)
+        .arg("demo")
+        .env("MYRESOURCE_OPERATOR_CACHE", &cache)
+        // A new machine has no envtest assets either: everything comes from the cache.
+        .env_remove("KUBEBUILDER_ASSETS")
+        .status()
+        .context("running the demo");
+    let took = started.elapsed().as_secs_f64();
+    // The demo's control plane dies with it; give the kernel a moment, then look.
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    let mut left = processes_under(&cache);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = processes_under(&cache);
+    }
+    let removed = std::fs::remove_dir_all(&cache);
+    let status = status?;
+    if !status.success() {
+        bail!("the demo with an empty binaries cache failed after {took:.0} s ({status})");
+    }
+    if !left.is_empty() {
+        bail!("processes outlived the first-use demo: {left:?}");
+    }
+    removed.with_context(|| format!("removing {}", cache.display()))?;
+    eprintln!("first use: the demo with an empty binaries cache passed in {took:.0} s");
     Ok(())
 }
 
