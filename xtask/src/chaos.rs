@@ -1,8 +1,13 @@
 //! `cargo xtask chaos`: three replicas, a steady bounded workload, and one fault per round
 //! chosen by a seed; after every round it checks that exactly one replica leads, measures the
-//! failover, and at the end proves from the API server's audit log that no replica wrote
-//! after another had acquired the Lease, that no update was lost, and that nothing panicked.
-//! Writes `target/chaos/report.json`, `report.md` and `timeline.svg`; fails when a check does.
+//! failover and the time to a new leader, and at the end proves from the API server's audit
+//! log that no replica wrote after another had acquired the Lease, that no update was lost,
+//! and that nothing panicked. Writes `target/chaos/report.json`, `report.md` and
+//! `timeline.svg`; fails when a check does.
+//!
+//! Each replica reaches the API server through two loopback proxies of its own: a TCP proxy
+//! (cut for a partition) in front of an HTTPS proxy (overloaded on demand), so the audit log
+//! still names the replica's user and user agent.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +18,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use e2e::audit;
 use e2e::cluster::{Cluster, ClusterConfig};
+use e2e::foreign_lease;
 use e2e::operator::{Operator, OperatorConfig, http_get};
+use e2e::overload_proxy::{Overload, OverloadProxy, OverloadStats};
 use e2e::process::Lifetime;
 use e2e::proxy::Proxy;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -33,6 +40,23 @@ const TIMINGS: [&str; 3] = [
     "--retry-period=1s",
 ];
 const LEASE_DURATION: Duration = Duration::from_secs(4);
+const RETRY_PERIOD: Duration = Duration::from_secs(1);
+/// The leader of a `mixed_timings` round: an older replica with longer timings.
+const LONG_TIMINGS: [&str; 3] = [
+    "--lease-duration=12s",
+    "--renew-deadline=8s",
+    "--retry-period=2s",
+];
+/// How long the long-timed leader is frozen: longer than the others' lease duration and
+/// retry period (a follower that judges expiry by its own 4 s acquires meanwhile), shorter
+/// than its own 8 s renew deadline (so it resumes still believing it leads, and writes).
+const MIXED_FREEZE: Duration = Duration::from_secs(6);
+/// A GitOps or policy tool relabelling the Lease: every 2 s, six times.
+const RELABEL_EVERY: Duration = Duration::from_secs(2);
+const RELABEL_COUNT: usize = 6;
+const RELABEL_FOR: Duration = Duration::from_secs(12);
+/// How long the leader's API server is overloaded.
+const OVERLOAD_FOR: Duration = Duration::from_secs(8);
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChaosArgs {
@@ -53,15 +77,32 @@ enum Fault {
     LeaderPartition,
     FollowerKill,
     ApiserverRestart,
+    /// The Lease deleted under a working leader (`kubectl delete lease`).
+    LeaseDelete,
+    /// A foreign merge patch empties `spec.holderIdentity` under a working leader.
+    LeaseClearHolder,
+    /// The leader SIGKILLed while a foreign tool relabels the Lease every 2 s.
+    LeaseRelabelKill,
+    /// The leader restarted with longer timings than the others, then frozen for longer
+    /// than their lease duration but shorter than its own renew deadline.
+    MixedTimings,
+    /// The leader's API server answers a share of its writes 429 and delays others past
+    /// the renew deadline, its renewals among them (so another replica takes over).
+    ApiserverOverload,
 }
 
-const FAULTS: [Fault; 6] = [
+const FAULTS: [Fault; 11] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
     Fault::LeaderPartition,
     Fault::FollowerKill,
     Fault::ApiserverRestart,
+    Fault::LeaseDelete,
+    Fault::LeaseClearHolder,
+    Fault::LeaseRelabelKill,
+    Fault::MixedTimings,
+    Fault::ApiserverOverload,
 ];
 
 impl Fault {
@@ -73,12 +114,24 @@ impl Fault {
             Fault::LeaderPartition => "leader_partition",
             Fault::FollowerKill => "follower_sigkill",
             Fault::ApiserverRestart => "apiserver_restart",
+            Fault::LeaseDelete => "lease_delete",
+            Fault::LeaseClearHolder => "lease_clear_holder",
+            Fault::LeaseRelabelKill => "lease_relabel_kill",
+            Fault::MixedTimings => "mixed_timings",
+            Fault::ApiserverOverload => "apiserver_overload",
         }
+    }
+
+    /// The goal for the time to a new leader, where there is one: after SIGKILL, the lease
+    /// duration plus a retry period, relabelled Lease or not.
+    fn new_leader_goal(self) -> Option<Duration> {
+        matches!(self, Fault::LeaderKill | Fault::LeaseRelabelKill)
+            .then_some(LEASE_DURATION + RETRY_PERIOD)
     }
 }
 
-/// The fault of every round: each block of six rounds has every kind once, in an order the
-/// seed shuffles, so even a short run covers all of them.
+/// The fault of every round: each block of `FAULTS.len()` rounds has every kind once, in an
+/// order the seed shuffles, so a run of that many rounds covers all of them.
 fn schedule(seed: u64, rounds: usize) -> Vec<Fault> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(rounds);
@@ -109,11 +162,24 @@ impl Rng {
     }
 }
 
-/// One replica slot: its proxy to the API server and the process currently in it.
+/// One replica slot: its proxies to the API server (the replica's kubeconfig names the TCP
+/// proxy, which forwards to the overload proxy), its Lease timings and the process
+/// currently in it.
 struct Slot {
     proxy: Proxy,
+    api: OverloadProxy,
+    timings: [&'static str; 3],
     operator: Operator,
     generation: usize,
+}
+
+/// Where and when a fault struck: the moment, the leader it struck, what it did.
+struct Hit {
+    at: Timestamp,
+    leader: String,
+    details: Value,
+    /// The overloaded slot and its proxy's counts before the overload.
+    overloaded: Option<(usize, OverloadStats)>,
 }
 
 struct Chaos {
@@ -175,12 +241,13 @@ impl Chaos {
         slot: usize,
         generation: usize,
         proxy: &Proxy,
+        timings: [&str; 3],
     ) -> Result<OperatorConfig> {
         let mut doc: Value = serde_json::from_slice(&std::fs::read(&self.cluster.kubeconfig)?)?;
         doc["clusters"][0]["cluster"]["server"] = format!("https://{}", proxy.addr).into();
         let kubeconfig = self.cluster.dir.join(format!("slot-{slot}.kubeconfig"));
         std::fs::write(&kubeconfig, serde_json::to_vec_pretty(&doc)?)?;
-        let mut extra_args: Vec<String> = TIMINGS.iter().map(|s| s.to_string()).collect();
+        let mut extra_args: Vec<String> = timings.iter().map(|s| s.to_string()).collect();
         extra_args.push(format!("--lease-namespace={NAMESPACE}"));
         Ok(OperatorConfig {
             identity: format!("replica-{slot}-{generation}"),
@@ -193,37 +260,73 @@ impl Chaos {
         })
     }
 
-    async fn start_slot(&mut self, slot: usize, generation: usize, proxy: Proxy) -> Result<Slot> {
-        let config = self.replica_config(slot, generation, &proxy)?;
+    /// Starts slot `slot`'s proxies: the overload proxy presents the API server's own
+    /// serving pair (signed by the test CA, SANs localhost and 127.0.0.1) and forwards with
+    /// the admin certificate, which the replicas' kubeconfigs use too.
+    async fn start_proxies(&self) -> Result<(Proxy, OverloadProxy)> {
+        let pki = self.cluster.dir.join("pki");
+        let api = OverloadProxy::start(
+            &self.cluster.kubeconfig,
+            &pki.join("apiserver.crt"),
+            &pki.join("apiserver.key"),
+        )
+        .await?;
+        Ok((Proxy::start(api.addr).await?, api))
+    }
+
+    async fn start_slot(
+        &mut self,
+        slot: usize,
+        generation: usize,
+        (proxy, api): (Proxy, OverloadProxy),
+        timings: [&'static str; 3],
+    ) -> Result<Slot> {
+        let config = self.replica_config(slot, generation, &proxy, timings)?;
         let mut operator = Operator::start(config)?;
         self.logs.push(operator.process.log.clone());
         operator.wait_ready().await?;
         Ok(Slot {
             proxy,
+            api,
+            timings,
             operator,
             generation,
         })
     }
 
-    /// Replaces the replica in `slot` with a new process (a new identity, as a new Pod).
+    /// Replaces the replica in `slot` with a new process (a new identity, as a new Pod)
+    /// with the same timings.
     async fn restart_slot(&mut self, slot: usize) -> Result<()> {
+        let timings = self.slots[slot].timings;
+        self.restart_slot_with(slot, timings).await
+    }
+
+    /// Replaces the replica in `slot` with a new process running `timings`.
+    async fn restart_slot_with(&mut self, slot: usize, timings: [&'static str; 3]) -> Result<()> {
         let old = self.slots.remove(slot);
         let generation = old.generation + 1;
         let Slot {
             proxy,
+            api,
             mut operator,
             ..
         } = old;
         operator.kill();
         drop(operator);
-        let fresh = self.start_slot(slot, generation, proxy).await?;
+        let fresh = self
+            .start_slot(slot, generation, (proxy, api), timings)
+            .await?;
         self.slots.insert(slot, fresh);
         Ok(())
     }
 
+    fn leases(&self) -> Api<Lease> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
     async fn holder(&self) -> Result<String> {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NAMESPACE);
-        Ok(leases
+        Ok(self
+            .leases()
             .get_opt(LEASE)
             .await?
             .and_then(|l| l.spec?.holder_identity)
@@ -265,9 +368,8 @@ impl Chaos {
 
     async fn rounds(&mut self, args: &ChaosArgs, out: &Path) -> Result<Value> {
         for slot in 0..3 {
-            let proxy =
-                Proxy::start(self.cluster.server.trim_start_matches("https://").parse()?).await?;
-            let started = self.start_slot(slot, 0, proxy).await?;
+            let proxies = self.start_proxies().await?;
+            let started = self.start_slot(slot, 0, proxies, TIMINGS).await?;
             self.slots.push(started);
         }
         self.leader_slot(Duration::from_secs(30)).await?;
@@ -278,6 +380,8 @@ impl Chaos {
         let mut lost_total = 0;
         let mut unexpected_exits = 0;
         for (round, fault) in schedule(args.seed, args.rounds).into_iter().enumerate() {
+            let round_started = Instant::now();
+            let started = Timestamp::now();
             // A replica that died without being killed by us is a finding; replace it.
             for slot in 0..self.slots.len() {
                 if !self.slots[slot].operator.process.is_running() {
@@ -292,15 +396,14 @@ impl Chaos {
             workload.resume();
             tokio::time::sleep(Duration::from_secs(2)).await;
             let leader = self.leader_slot(Duration::from_secs(30)).await?;
-            let at = Timestamp::now();
             eprintln!(
                 "round {:>2}: {} (leader {})",
                 round + 1,
                 fault.kind(),
                 self.slots[leader].operator.config.identity
             );
-            self.inject(fault, leader).await?;
-            let (failover, new_leader) = self.recover(at).await?;
+            let hit = self.inject(fault, leader).await?;
+            let (failover, new_leader) = self.recover(hit.at).await?;
             // A replica that was frozen or cut off may report leadership until it notices.
             let single = e2e::wait::poll(
                 "exactly one replica reporting leadership",
@@ -321,15 +424,28 @@ impl Chaos {
             workload.pause().await;
             let lost = lost_updates(&self.client, LEASE_DURATION + Duration::from_secs(20)).await?;
             lost_total += lost;
+            let mut details = hit.details;
+            if let Some((slot, before)) = hit.overloaded {
+                let after = self.slots[slot].api.stats();
+                details["writes_rejected_429"] = (after.rejected - before.rejected).into();
+                details["writes_delivered_late"] =
+                    (after.delivered_late - before.delivered_late).into();
+                details["writes_timed_out_while_held"] =
+                    (after.timed_out - before.timed_out).into();
+            }
             faults.push(json!({
                 "round": round + 1,
                 "kind": fault.kind(),
-                "at": at.to_string(),
+                "started": started.to_string(),
+                "at": hit.at.to_string(),
+                "until": Timestamp::now().to_string(),
                 "failover_seconds": failover,
-                "leader_before": leader,
-                "leader_after": new_leader,
+                "leader_before": hit.leader,
+                "leader_after": self.slots[new_leader].operator.config.identity,
                 "single_leader_after": single,
                 "lost_updates": lost,
+                "round_seconds": round_started.elapsed().as_secs_f64(),
+                "details": details,
             }));
         }
         let operations = workload.operations();
@@ -338,7 +454,11 @@ impl Chaos {
 
         let events = audit::read(&self.cluster.audit_log)?;
         let terms = audit::acquisitions(&events, NAMESPACE, LEASE);
-        let overlaps: Vec<String> = audit::overlapping_writes(&events, NAMESPACE, &terms)
+        for fault in &mut faults {
+            fault["new_leader_seconds"] = new_leader_seconds(fault, &terms).into();
+        }
+        let overlapping = audit::overlapping_writes(&events, NAMESPACE, &terms);
+        let overlaps: Vec<String> = overlapping
             .iter()
             .map(|e| {
                 format!(
@@ -347,6 +467,19 @@ impl Chaos {
                 )
             })
             .collect();
+        // Attribute every overlapping write to the round it was received in.
+        for fault in &mut faults {
+            let (Some(from), Some(until)) =
+                (timestamp(&fault["started"]), timestamp(&fault["until"]))
+            else {
+                continue;
+            };
+            fault["overlapping_writes"] = overlapping
+                .iter()
+                .filter(|e| (from..until).contains(&e.request_received_timestamp))
+                .count()
+                .into();
+        }
         let panics = self
             .logs
             .iter()
@@ -366,6 +499,7 @@ impl Chaos {
             "seed": args.seed,
             "lease_timings": TIMINGS,
             "faults": faults,
+            "by_kind": by_kind(&faults),
             "overlapping_leadership_writes": overlaps.len(),
             "overlapping_examples": overlaps.iter().take(10).collect::<Vec<_>>(),
             "lost_updates": lost_total,
@@ -386,7 +520,13 @@ impl Chaos {
         Ok(report)
     }
 
-    async fn inject(&mut self, fault: Fault, leader: usize) -> Result<()> {
+    async fn inject(&mut self, fault: Fault, leader: usize) -> Result<Hit> {
+        let mut hit = Hit {
+            at: Timestamp::now(),
+            leader: self.slots[leader].operator.config.identity.clone(),
+            details: json!({}),
+            overloaded: None,
+        };
         match fault {
             Fault::LeaderKill => self.restart_slot(leader).await?,
             Fault::LeaderTerm => {
@@ -409,8 +549,111 @@ impl Chaos {
                 self.restart_slot(follower).await?;
             }
             Fault::ApiserverRestart => self.cluster.restart("kube-apiserver").await?,
+            Fault::LeaseDelete => foreign_lease::delete(&self.leases(), LEASE).await?,
+            Fault::LeaseClearHolder => foreign_lease::clear_holder(&self.leases(), LEASE).await?,
+            Fault::LeaseRelabelKill => {
+                let leases = self.leases();
+                let relabel = tokio::spawn(async move {
+                    foreign_lease::relabel(
+                        &leases,
+                        LEASE,
+                        RELABEL_EVERY,
+                        RELABEL_COUNT,
+                        RELABEL_FOR,
+                    )
+                    .await
+                });
+                self.restart_slot(leader).await?;
+                hit.details["relabels"] = relabel.await?.into();
+            }
+            Fault::MixedTimings => {
+                let (at, long) = self.mixed_timings(leader).await?;
+                hit.at = at;
+                hit.details["leader_timings"] = json!(LONG_TIMINGS);
+                hit.leader = long;
+            }
+            Fault::ApiserverOverload => {
+                let api = &self.slots[leader].api;
+                let overload = Overload {
+                    reject_percent: 30,
+                    retry_after_seconds: 5,
+                    delay_percent: 30,
+                    // Past the renew deadline and the lease duration: a held write can
+                    // reach the server after another replica acquired.
+                    delay: LEASE_DURATION + RETRY_PERIOD,
+                    // Its renewals are held too, so leadership surely moves meanwhile.
+                    hold_lease_writes: true,
+                    seed: self.rng.below(1 << 30) as u64,
+                };
+                hit.overloaded = Some((leader, api.stats()));
+                hit.details["overload"] = json!({
+                    "seconds": OVERLOAD_FOR.as_secs_f64(),
+                    "reject_percent": overload.reject_percent,
+                    "retry_after_seconds": overload.retry_after_seconds,
+                    "delay_percent": overload.delay_percent,
+                    "delay_seconds": overload.delay.as_secs_f64(),
+                    "hold_lease_writes": overload.hold_lease_writes,
+                });
+                api.overload(overload);
+                tokio::time::sleep(OVERLOAD_FOR).await;
+                self.slots[leader].api.relieve();
+            }
         }
-        Ok(())
+        Ok(hit)
+    }
+
+    /// The `mixed_timings` fault, a rolling upgrade that shortens the timings: the leader is
+    /// replaced by a replica running [`LONG_TIMINGS`] (the followers frozen meanwhile, so
+    /// that it and not they takes the released Lease), which is frozen right after one of
+    /// its renewals for [`MIXED_FREEZE`] under workload and then resumed. A follower that
+    /// judged expiry by its own lease duration instead of the record's acquires meanwhile,
+    /// and the resumed leader's writes overlap with it. The standard timings are restored
+    /// by a graceful restart. Returns when the freeze began and the long-timed replica.
+    async fn mixed_timings(&mut self, leader: usize) -> Result<(Timestamp, String)> {
+        let followers: Vec<usize> = (0..self.slots.len()).filter(|s| *s != leader).collect();
+        for &f in &followers {
+            self.slots[f].operator.process.signal(libc::SIGSTOP);
+        }
+        self.slots[leader].operator.stop();
+        let takeover = async {
+            self.restart_slot_with(leader, LONG_TIMINGS).await?;
+            let long = self.slots[leader].operator.config.identity.clone();
+            e2e::wait::poll(
+                "the long-timed replica holding the Lease",
+                Duration::from_secs(30),
+                || async { Ok((self.holder().await? == long).then_some(())) },
+            )
+            .await?;
+            anyhow::Ok(long)
+        }
+        .await;
+        for &f in &followers {
+            self.slots[f].operator.process.signal(libc::SIGCONT);
+        }
+        let long = takeover?;
+        // The followers observe the long-timed record, then the leader is frozen right
+        // after a renewal, so its fence stays open for most of its renew deadline.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let renewed = |lease: Option<Lease>| lease.and_then(|l| l.spec?.renew_time);
+        let before = renewed(self.leases().get_opt(LEASE).await?);
+        e2e::wait::poll(
+            "a renewal by the long-timed leader",
+            Duration::from_secs(10),
+            || async {
+                let now = renewed(self.leases().get_opt(LEASE).await?);
+                Ok((now != before).then_some(()))
+            },
+        )
+        .await?;
+        self.slots[leader].operator.process.signal(libc::SIGSTOP);
+        let at = Timestamp::now();
+        tokio::time::sleep(MIXED_FREEZE).await;
+        self.slots[leader].operator.process.signal(libc::SIGCONT);
+        // Its fence is still open: whatever it writes now must not overlap.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.slots[leader].operator.stop();
+        self.restart_slot_with(leader, TIMINGS).await?;
+        Ok((at, long))
     }
 
     /// Waits for a live leader and its first reconcile after `fault`; returns the failover
@@ -579,6 +822,60 @@ impl Workload {
     }
 }
 
+/// The first acquisition by another replica than the struck leader, within the round: the
+/// time to a new leader in seconds (none when leadership stayed).
+fn new_leader_seconds(fault: &Value, terms: &[audit::Acquisition]) -> Option<f64> {
+    let at = timestamp(&fault["at"])?;
+    let until = timestamp(&fault["until"])?;
+    let leader = fault["leader_before"].as_str()?;
+    terms
+        .iter()
+        .find(|t| t.at > at && t.at <= until && !t.holder.is_empty() && t.holder != leader)
+        .map(|t| t.at.duration_since(at).as_secs_f64())
+}
+
+fn timestamp(value: &Value) -> Option<Timestamp> {
+    value.as_str()?.parse().ok()
+}
+
+/// Per fault kind: rounds, failover, time to a new leader (and its goal), round duration,
+/// overlapping writes and lost updates.
+fn by_kind(faults: &[Value]) -> Value {
+    let mut kinds: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
+    for f in faults {
+        kinds
+            .entry(f["kind"].as_str().unwrap_or(""))
+            .or_default()
+            .push(f);
+    }
+    let samples = |rounds: &[&Value], field: &str| -> Vec<f64> {
+        rounds.iter().filter_map(|f| f[field].as_f64()).collect()
+    };
+    let total = |rounds: &[&Value], field: &str| -> u64 {
+        rounds.iter().filter_map(|f| f[field].as_u64()).sum()
+    };
+    let map: serde_json::Map<String, Value> = kinds
+        .into_iter()
+        .map(|(kind, rounds)| {
+            let goal = FAULTS
+                .iter()
+                .find(|f| f.kind() == kind)
+                .and_then(|f| f.new_leader_goal());
+            let entry = json!({
+                "rounds": rounds.len(),
+                "failover_seconds": summary(&samples(&rounds, "failover_seconds")),
+                "new_leader_seconds": summary(&samples(&rounds, "new_leader_seconds")),
+                "new_leader_goal_seconds": goal.map(|g| g.as_secs_f64()),
+                "round_seconds": summary(&samples(&rounds, "round_seconds")),
+                "overlapping_writes": total(&rounds, "overlapping_writes"),
+                "lost_updates": total(&rounds, "lost_updates"),
+            });
+            (kind.to_string(), entry)
+        })
+        .collect();
+    map.into()
+}
+
 fn summary(samples: &[f64]) -> Value {
     if samples.is_empty() {
         return Value::Null;
@@ -590,6 +887,7 @@ fn summary(samples: &[f64]) -> Value {
 }
 
 fn markdown(report: &Value) -> String {
+    let seconds = |v: &Value| v.as_f64().map_or("–".to_string(), |s| format!("{s:.2}"));
     let mut md = vec![
         "# Chaos report".to_string(),
         String::new(),
@@ -619,35 +917,46 @@ fn markdown(report: &Value) -> String {
             report["failover_seconds"]
         ),
         String::new(),
-        "| round | fault | failover s | lost updates |".into(),
-        "|---|---|---|---|".into(),
+        "| round | fault | failover s | new leader s | overlapping writes | lost updates | round s | details |"
+            .into(),
+        "|---|---|---|---|---|---|---|---|".into(),
     ];
-    let mut by_kind: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for f in report["faults"].as_array().into_iter().flatten() {
         md.push(format!(
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             f["round"],
             f["kind"].as_str().unwrap_or(""),
-            f["failover_seconds"],
-            f["lost_updates"]
+            seconds(&f["failover_seconds"]),
+            seconds(&f["new_leader_seconds"]),
+            f["overlapping_writes"],
+            f["lost_updates"],
+            seconds(&f["round_seconds"]),
+            f["details"]
         ));
-        if let Some(s) = f["failover_seconds"].as_f64() {
-            by_kind
-                .entry(f["kind"].as_str().unwrap_or("").into())
-                .or_default()
-                .push(s);
-        }
     }
     md.push(String::new());
-    md.push("| fault | rounds | failover median s | max s |".into());
-    md.push("|---|---|---|---|".into());
-    for (kind, samples) in by_kind {
-        let s = summary(&samples);
+    md.push(
+        "Failover: fault → first reconcile by the leader after it. New leader: fault → first \
+         acquisition by another replica (the audit log), none when leadership stayed."
+            .into(),
+    );
+    md.push(String::new());
+    md.push(
+        "| fault | rounds | failover median s | max s | new leader median s | max s | goal s | overlapping writes | round median s |"
+            .into(),
+    );
+    md.push("|---|---|---|---|---|---|---|---|---|".into());
+    for (kind, k) in report["by_kind"].as_object().into_iter().flatten() {
         md.push(format!(
-            "| {kind} | {} | {:.2} | {:.2} |",
-            samples.len(),
-            s["median"].as_f64().unwrap_or(0.0),
-            s["max"].as_f64().unwrap_or(0.0)
+            "| {kind} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            k["rounds"],
+            seconds(&k["failover_seconds"]["median"]),
+            seconds(&k["failover_seconds"]["max"]),
+            seconds(&k["new_leader_seconds"]["median"]),
+            seconds(&k["new_leader_seconds"]["max"]),
+            seconds(&k["new_leader_goal_seconds"]),
+            k["overlapping_writes"],
+            seconds(&k["round_seconds"]["median"]),
         ));
     }
     md.join("\n") + "\n"
@@ -720,10 +1029,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_seed_orders_the_faults_and_every_six_rounds_cover_all_kinds() {
-        assert_eq!(schedule(7, 12), schedule(7, 12));
-        assert_ne!(schedule(7, 12), schedule(8, 12));
-        for block in schedule(7, 60).chunks(6) {
+    fn the_seed_orders_the_faults_and_every_block_covers_all_kinds() {
+        assert_eq!(schedule(7, 22), schedule(7, 22));
+        assert_ne!(schedule(7, 22), schedule(8, 22));
+        for block in schedule(7, 5 * FAULTS.len()).chunks(FAULTS.len()) {
             let kinds: std::collections::HashSet<_> = block.iter().map(|f| f.kind()).collect();
             assert_eq!(kinds.len(), FAULTS.len());
         }
