@@ -181,7 +181,7 @@ fn test(cargo_args: &[String]) -> Result<()> {
     if status.success() && !use_existing {
         // Every run exercises failover: a short seeded chaos run (each fault kind once).
         let chaos = Command::new(std::env::current_exe()?)
-            .args(["chaos", "--rounds", "6", "--seed", "1"])
+            .args(["chaos", "--rounds", "11", "--seed", "1"])
             .status()
             .context("running the chaos suite")?;
         if !chaos.success() {
