@@ -467,3 +467,98 @@ async fn a_configmap_left_by_an_earlier_myresource_of_the_same_name_is_replaced(
     );
     Ok(())
 }
+
+/// The Ready condition's (reason, message) once its reason is `reason`.
+async fn ready_reason(mrs: &Api<MyResource>, name: &str, reason: &str) -> Result<String> {
+    poll(
+        &format!("{name} Ready reason {reason}"),
+        Duration::from_secs(20),
+        || {
+            let mrs = mrs.clone();
+            async move {
+                let mr = mrs.get(name).await?;
+                Ok(mr.status.and_then(|s| {
+                    s.conditions
+                        .into_iter()
+                        .find(|c| c.type_ == "Ready" && c.reason == reason)
+                        .map(|c| c.message)
+                }))
+            }
+        },
+    )
+    .await
+}
+
+/// Issue 13, item 9: a leftover ConfigMap held by a foreign finalizer looped delete →
+/// create → requeue every 200 ms; keys another field manager wrote were re-applied (with an
+/// Event) on every reconcile. Both are now reported in the status and nothing loops.
+#[tokio::test]
+async fn a_finalizer_held_leftover_and_foreign_keys_make_no_loop() -> Result<()> {
+    let env = harness::setup("noloop").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    // A leftover of an earlier MyResource "held", kept by someone's finalizer.
+    let leftover: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": "held",
+            "labels": {"app.kubernetes.io/managed-by": "myresource-operator"},
+            "finalizers": ["example.com/hold"],
+            "ownerReferences": [{
+                "apiVersion": "trstringer.com/v1", "kind": "MyResource", "name": "held",
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": true
+            }]
+        },
+        "data": {"message": "old", "someValue": "0"}
+    }))?;
+    cms.create(&PostParams::default(), &leftover).await?;
+    let op = env.start_operator("op", &[]).await?;
+    mrs.create(&PostParams::default(), &myresource("held", "new", 1))
+        .await?;
+    let message = ready_reason(&mrs, "held", "ConfigMapTerminating").await?;
+    assert!(message.contains("example.com/hold"), "{message}");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let key = format!("{}/held", env.namespace);
+    let attempts = op
+        .log_lines()
+        .iter()
+        .filter(|l| l["message"] == "reconcile started" && l["myresource"] == key.as_str())
+        .count();
+    // The queue's backoff (200 ms doubling) allows about 7 in 10 s; the loop made 50.
+    assert!(attempts <= 12, "{attempts} reconciles of {key} in ~10 s");
+    // Its owner removes the finalizer: the leftover goes and ours is created.
+    cms.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    converged(&env.client, &env.namespace, "held", "new", 1).await?;
+
+    // Another field manager adds a key to our ConfigMap.
+    mrs.create(&PostParams::default(), &myresource("shared", "ours", 2))
+        .await?;
+    converged(&env.client, &env.namespace, "shared", "ours", 2).await?;
+    let updates_before = op.log().matches("ConfigMap updated").count();
+    let theirs = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shared"}, "data": {"theirs": "x"}
+    });
+    cms.patch(
+        "shared",
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(&theirs),
+    )
+    .await?;
+    let message = ready_reason(&mrs, "shared", "ReconciledWithForeignKeys").await?;
+    assert!(message.contains("theirs"), "{message}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        op.log().matches("ConfigMap updated").count(),
+        updates_before,
+        "a key written by someone else is not drift"
+    );
+    let data = cms.get("shared").await?.data.unwrap_or_default();
+    assert_eq!(data.get("theirs").map(String::as_str), Some("x"));
+    assert_eq!(data.get("message").map(String::as_str), Some("ours"));
+    Ok(())
+}
