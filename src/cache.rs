@@ -34,13 +34,8 @@ use tracing::{debug, info, warn};
 use crate::echo::{Echoes, Kind};
 use crate::key::ObjectKey;
 use crate::kubeclient::Reachability;
-use crate::resource::{MyResource, POD_LABEL, PodCounts};
+use crate::resource::{MANAGED_BY, MANAGED_BY_LABEL, MyResource, POD_LABEL, PodCounts};
 use crate::throttle::{Throttle, Verdict};
-
-/// The label on every ConfigMap this operator owns.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Its value.
-pub const MANAGED_BY: &str = "myresource-operator";
 
 /// Why a key was reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,9 @@ use std::ops::Deref;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -104,12 +106,6 @@ pub struct RunArgs {
     /// Log format. Default: text on a terminal, JSON lines otherwise.
     #[arg(long, env = "LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Json,
-    Text,
 }
 
 /// The watched namespaces: empty means all namespaces. Each name is a valid namespace name,

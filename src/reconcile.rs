@@ -27,16 +27,15 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::cache::{Caches, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::cache::Caches;
 use crate::echo::Kind;
 use crate::events::{EventType, Publisher};
 use crate::fence::{Fence, NotLeader};
 use crate::key::ObjectKey;
 use crate::queue::Outcome;
-use crate::resource::{MyResource, MyResourceStatus, PodCounts};
-
-/// The field manager of every server-side apply this operator makes.
-pub const FIELD_MANAGER: &str = "myresource-operator";
+use crate::resource::{
+    FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MyResource, MyResourceStatus, PodCounts,
+};
 
 /// Everything a reconcile needs; shared by all workers.
 pub struct Context {

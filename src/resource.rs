@@ -15,6 +15,14 @@ use serde::{Deserialize, Serialize};
 /// The label that ties a Pod to the MyResource of that name in the Pod's namespace.
 pub const POD_LABEL: &str = "trstringer.com/myresource";
 
+/// The label on every ConfigMap this operator owns (what its ConfigMap cache selects).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+pub const MANAGED_BY: &str = "myresource-operator";
+
+/// The field manager of every write this operator makes.
+pub const FIELD_MANAGER: &str = "myresource-operator";
+
 /// The longest `spec.message` the API server accepts.
 pub const MAX_MESSAGE_LEN: u32 = 1024;
 

@@ -31,8 +31,6 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::cli::LogFormat;
-
 /// Who this process is, for the trace resource.
 pub struct Identity<'a> {
     pub replica: &'a str,
@@ -53,6 +51,13 @@ impl Telemetry {
             eprintln!("flushing traces failed: {err}");
         }
     }
+}
+
+/// How log lines are written.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
 }
 
 /// kube's own request layer logs every failed request at ERROR, so an unreachable API
