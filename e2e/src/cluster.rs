@@ -434,6 +434,15 @@ pub async fn config_for(kubeconfig: &Path) -> Result<kube::Config> {
     Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
 }
 
+/// Writes to `path` a copy of `kubeconfig` whose server is `addr` (a proxy in front of the
+/// API server, such as [`crate::proxy::Proxy`]).
+pub fn write_kubeconfig_via(kubeconfig: &Path, addr: SocketAddr, path: &Path) -> Result<()> {
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(kubeconfig)?)?;
+    doc["clusters"][0]["cluster"]["server"] = format!("https://{addr}").into();
+    std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
+    Ok(())
+}
+
 async fn establish_crd(client: &Client, crd: &CustomResourceDefinition) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = crd.metadata.name.clone().unwrap_or_default();

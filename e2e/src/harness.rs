@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Result, anyhow};
-use kube::{Api, Client};
+use kube::Client;
 
-use crate::cluster::{Cluster, ClusterConfig, client_for};
+use crate::cluster::{Cluster, ClusterConfig, client_for, write_kubeconfig_via};
 use crate::jaeger::{Jaeger, JaegerApi};
 use crate::operator::{Operator, OperatorConfig};
 use crate::process::Lifetime;
@@ -55,56 +55,33 @@ impl TestEnv {
 
     /// A copy of the admin kubeconfig whose server is `addr` (a [`crate::proxy::Proxy`]).
     pub fn kubeconfig_via(&self, addr: std::net::SocketAddr, name: &str) -> Result<PathBuf> {
-        let mut doc: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&self.shared.kubeconfig)?)?;
-        doc["clusters"][0]["cluster"]["server"] = format!("https://{addr}").into();
         let path = self
             .shared
             .kubeconfig
             .with_file_name(format!("{}-{name}.kubeconfig", self.namespace));
-        std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)?;
+        write_kubeconfig_via(&self.shared.kubeconfig, addr, &path)?;
         Ok(path)
     }
 
     /// The holder of this test's Lease ("" when released, None when absent).
     pub async fn lease_holder(&self) -> Result<Option<String>> {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(self.client.clone(), &self.namespace);
-        Ok(leases
-            .get_opt("myresource-operator")
-            .await?
-            .map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default()))
+        crate::lease::holder(&self.client, &self.namespace).await
     }
 
     /// The configuration [`TestEnv::start_operator`] uses, for tests that adjust it: the
-    /// Lease lives in the test's namespace, with short test timings (4 s / 3 s / 1 s) unless
-    /// `extra_args` sets them.
+    /// Lease lives in the test's namespace, with the short test timings
+    /// ([`crate::lease::TEST_TIMINGS`], 4 s / 3 s / 1 s) unless `extra_args` sets them.
     pub fn operator_config(&self, identity: &str, extra_args: &[&str]) -> OperatorConfig {
-        let lease_namespace = format!("--lease-namespace={}", self.namespace);
-        let defaults = [
-            lease_namespace.as_str(),
-            "--lease-duration=4s",
-            "--renew-deadline=3s",
-            "--retry-period=1s",
-        ];
-        let flag = |arg: &str| arg.split('=').next().unwrap_or_default().to_string();
-        let mut args: Vec<String> = defaults
-            .iter()
-            .filter(|d| !extra_args.iter().any(|e| flag(e) == flag(d)))
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(extra_args.iter().map(|s| s.to_string()));
-        OperatorConfig {
-            identity: format!("{}-{identity}", self.namespace),
-            kubeconfig: self.shared.kubeconfig.clone(),
-            namespaces: vec![self.namespace.clone()],
-            log_dir: crate::operator::workspace_root()
+        OperatorConfig::in_namespace(
+            format!("{}-{identity}", self.namespace),
+            self.shared.kubeconfig.clone(),
+            &self.namespace,
+            crate::operator::workspace_root()
                 .join("target/e2e-logs")
                 .join(std::process::id().to_string()),
-            extra_args: args,
-            binary: None,
-            env: Vec::new(),
-        }
+            &crate::lease::TEST_TIMINGS,
+        )
+        .with_args(extra_args)
     }
 }
 

@@ -10,9 +10,12 @@
 //!   with `Retry-After`, writes delivered late);
 //! - [`foreign_lease`]: foreign writes to the Lease (delete, cleared holder, relabelling);
 //! - [`harness`]: one shared control plane per test binary, a namespace per test;
+//! - [`lease`]: the replicas' Lease: its name, its holder, the test timings (4 s / 3 s / 1 s);
 //! - [`jaeger`]: a Jaeger on loopback for the tracing tests;
-//! - [`operator`]: the operator binary run as a real process;
+//! - [`operator`]: the operator binary run as a real process, and how a replica is
+//!   configured;
 //! - [`audit`]: reading the audit log the tests use as ground truth;
+//! - [`stats`]: percentiles and the min/median/p99/max summary of the bench and chaos reports;
 //! - [`wait`]: polling instead of sleeping.
 
 pub mod audit;
@@ -21,11 +24,13 @@ pub mod cluster;
 pub mod foreign_lease;
 pub mod harness;
 pub mod jaeger;
+pub mod lease;
 pub mod operator;
 pub mod overload_proxy;
 pub mod pki;
 pub mod process;
 pub mod proxy;
+pub mod stats;
 pub mod wait;
 
 /// The controller tutorial's example MyResource, byte for byte.

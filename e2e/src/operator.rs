@@ -11,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::free_port;
+use crate::lease::Timings;
 use crate::process::{Lifetime, Process, spawn};
 use crate::wait::poll;
 
@@ -77,6 +78,41 @@ pub struct OperatorConfig {
     pub binary: Option<PathBuf>,
     /// Extra environment (OTEL_* …).
     pub env: Vec<(String, String)>,
+}
+
+impl OperatorConfig {
+    /// A replica that watches `namespace` only and keeps its Lease there, with Lease
+    /// `timings`: the debug build, no extra environment. The test harness, `cargo xtask
+    /// chaos` and `cargo xtask bench` start from this and adjust what they need.
+    pub fn in_namespace(
+        identity: impl Into<String>,
+        kubeconfig: PathBuf,
+        namespace: &str,
+        log_dir: PathBuf,
+        timings: &Timings,
+    ) -> OperatorConfig {
+        let mut extra_args = vec![format!("--lease-namespace={namespace}")];
+        extra_args.extend(timings.args());
+        OperatorConfig {
+            identity: identity.into(),
+            kubeconfig,
+            namespaces: vec![namespace.into()],
+            log_dir,
+            extra_args,
+            binary: None,
+            env: Vec::new(),
+        }
+    }
+
+    /// Adds the flags `args`; one that sets a flag already there replaces it
+    /// (`--retry-period=2s` replaces `--retry-period=1s`).
+    pub fn with_args(mut self, args: &[&str]) -> OperatorConfig {
+        let flag = |arg: &str| arg.split('=').next().unwrap_or_default().to_string();
+        self.extra_args
+            .retain(|have| !args.iter().any(|new| flag(new) == flag(have)));
+        self.extra_args.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
 }
 
 /// A running replica.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use e2e::audit;
 use e2e::harness::{self, TestEnv};
+use e2e::lease::TEST_TIMINGS;
 use e2e::operator::{Operator, wait_for_log};
 use e2e::proxy::Proxy;
 use e2e::wait::poll;
@@ -20,8 +21,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use myresource_operator::resource::{MyResource, MyResourceSpec};
 use serde_json::json;
 
-const LEASE_DURATION: Duration = Duration::from_secs(4);
-const RETRY_PERIOD: Duration = Duration::from_secs(1);
+const LEASE_DURATION: Duration = TEST_TIMINGS.lease_duration;
+const RETRY_PERIOD: Duration = TEST_TIMINGS.retry_period;
 
 async fn start_replicas(env: &TestEnv, names: &[&str]) -> Result<Vec<Operator>> {
     let mut replicas = Vec::new();

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use e2e::audit;
 use e2e::harness::{self, TestEnv};
+use e2e::lease::TEST_TIMINGS;
 use e2e::operator::{Operator, http_get};
 use e2e::process::cpu_seconds;
 use e2e::wait::poll;
@@ -23,7 +24,7 @@ use myresource_operator::resource::{MyResource, MyResourceSpec};
 use serde_json::json;
 
 const OUTAGE: Duration = Duration::from_secs(20);
-const LEASE_DURATION: Duration = Duration::from_secs(4);
+const LEASE_DURATION: Duration = TEST_TIMINGS.lease_duration;
 
 /// The sum of `rest_client_requests_total` over every label set.
 async fn requests(op: &Operator) -> Result<f64> {
