@@ -1,0 +1,239 @@
+//! Injecting a round's fault into the replicas, the Lease or the API server, and waiting
+//! for the recovery after it.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use e2e::foreign_lease;
+use e2e::lease::{self, TEST_TIMINGS, Timings};
+use e2e::overload_proxy::{Overload, OverloadStats};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::Chaos;
+use super::schedule::Fault;
+
+/// The leader of a `mixed_timings` round: an older replica with longer timings.
+const LONG_TIMINGS: Timings = Timings::secs(12, 8, 2);
+/// How long the long-timed leader is frozen: longer than the others' lease duration and
+/// retry period (a follower that judges expiry by its own 4 s acquires meanwhile), shorter
+/// than its own 8 s renew deadline (so it resumes still believing it leads, and writes).
+const MIXED_FREEZE: Duration = Duration::from_secs(6);
+/// A GitOps or policy tool relabelling the Lease: every 2 s, six times.
+const RELABEL_EVERY: Duration = Duration::from_secs(2);
+const RELABEL_COUNT: usize = 6;
+const RELABEL_FOR: Duration = Duration::from_secs(12);
+/// How long the leader's API server is overloaded.
+const OVERLOAD_FOR: Duration = Duration::from_secs(8);
+
+/// Where and when a fault struck: the moment, the leader it struck, what it did.
+pub(super) struct Hit {
+    pub(super) at: Timestamp,
+    pub(super) leader: String,
+    details: Value,
+    /// The overloaded slot and its proxy's counts before the overload.
+    overloaded: Option<(usize, OverloadStats)>,
+}
+
+impl Chaos {
+    pub(super) async fn inject(&mut self, fault: Fault, leader: usize) -> Result<Hit> {
+        let mut hit = Hit {
+            at: Timestamp::now(),
+            leader: self.slots[leader].operator.config.identity.clone(),
+            details: json!({}),
+            overloaded: None,
+        };
+        match fault {
+            Fault::LeaderKill => self.restart_slot(leader).await?,
+            Fault::LeaderTerm => {
+                self.slots[leader].operator.stop();
+                self.restart_slot(leader).await?;
+            }
+            Fault::LeaderFreeze => {
+                let process = &self.slots[leader].operator.process;
+                process.signal(libc::SIGSTOP);
+                tokio::time::sleep(TEST_TIMINGS.lease_duration + Duration::from_secs(2)).await;
+                self.slots[leader].operator.process.signal(libc::SIGCONT);
+            }
+            Fault::LeaderPartition => {
+                self.slots[leader].proxy.block();
+                tokio::time::sleep(TEST_TIMINGS.lease_duration + Duration::from_secs(2)).await;
+                self.slots[leader].proxy.heal();
+            }
+            Fault::FollowerKill => {
+                let follower = (leader + 1 + self.rng.below(2)) % self.slots.len();
+                self.restart_slot(follower).await?;
+            }
+            Fault::ApiserverRestart => self.cluster.restart("kube-apiserver").await?,
+            Fault::LeaseDelete => foreign_lease::delete(&self.leases(), lease::NAME).await?,
+            Fault::LeaseClearHolder => {
+                foreign_lease::clear_holder(&self.leases(), lease::NAME).await?
+            }
+            Fault::LeaseRelabelKill => {
+                hit.details["relabels"] = self.relabel_kill(leader).await?.into();
+            }
+            Fault::MixedTimings => {
+                let (at, long) = self.mixed_timings(leader).await?;
+                hit.at = at;
+                hit.details["leader_timings"] = json!(LONG_TIMINGS.args());
+                hit.leader = long;
+            }
+            Fault::ApiserverOverload => self.overload(leader, &mut hit).await,
+        }
+        Ok(hit)
+    }
+
+    /// The `lease_relabel_kill` fault: the leader SIGKILLed while a foreign tool relabels
+    /// the Lease; returns how many relabellings succeeded.
+    async fn relabel_kill(&mut self, leader: usize) -> Result<usize> {
+        let leases = self.leases();
+        let relabel = tokio::spawn(async move {
+            foreign_lease::relabel(
+                &leases,
+                lease::NAME,
+                RELABEL_EVERY,
+                RELABEL_COUNT,
+                RELABEL_FOR,
+            )
+            .await
+        });
+        self.restart_slot(leader).await?;
+        Ok(relabel.await?)
+    }
+
+    /// The `apiserver_overload` fault: the leader's API server proxy overloaded for
+    /// [`OVERLOAD_FOR`], then relieved.
+    async fn overload(&mut self, leader: usize, hit: &mut Hit) {
+        let api = &self.slots[leader].api;
+        let overload = Overload {
+            reject_percent: 30,
+            retry_after_seconds: 5,
+            delay_percent: 30,
+            // Past the renew deadline and the lease duration: a held write can
+            // reach the server after another replica acquired.
+            delay: TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period,
+            // Its renewals are held too, so leadership surely moves meanwhile.
+            hold_lease_writes: true,
+            seed: self.rng.below(1 << 30) as u64,
+        };
+        hit.overloaded = Some((leader, api.stats()));
+        hit.details["overload"] = json!({
+            "seconds": OVERLOAD_FOR.as_secs_f64(),
+            "reject_percent": overload.reject_percent,
+            "retry_after_seconds": overload.retry_after_seconds,
+            "delay_percent": overload.delay_percent,
+            "delay_seconds": overload.delay.as_secs_f64(),
+            "hold_lease_writes": overload.hold_lease_writes,
+        });
+        api.overload(overload);
+        tokio::time::sleep(OVERLOAD_FOR).await;
+        self.slots[leader].api.relieve();
+    }
+
+    /// What the fault did, for the report; for an overload, with what the proxy did to the
+    /// leader's writes since it began.
+    pub(super) fn details(&self, hit: Hit) -> Value {
+        let mut details = hit.details;
+        if let Some((slot, before)) = hit.overloaded {
+            let after = self.slots[slot].api.stats();
+            details["writes_rejected_429"] = (after.rejected - before.rejected).into();
+            details["writes_delivered_late"] =
+                (after.delivered_late - before.delivered_late).into();
+            details["writes_timed_out_while_held"] = (after.timed_out - before.timed_out).into();
+        }
+        details
+    }
+
+    /// The `mixed_timings` fault, a rolling upgrade that shortens the timings: the leader is
+    /// replaced by a replica running [`LONG_TIMINGS`] (the followers frozen meanwhile, so
+    /// that it and not they takes the released Lease), which is frozen right after one of
+    /// its renewals for [`MIXED_FREEZE`] under workload and then resumed. A follower that
+    /// judged expiry by its own lease duration instead of the record's acquires meanwhile,
+    /// and the resumed leader's writes overlap with it. The standard timings are restored
+    /// by a graceful restart. Returns when the freeze began and the long-timed replica.
+    async fn mixed_timings(&mut self, leader: usize) -> Result<(Timestamp, String)> {
+        let long = self.long_timed_takeover(leader).await?;
+        // The followers observe the long-timed record, then the leader is frozen right
+        // after a renewal, so its fence stays open for most of its renew deadline.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.wait_for_renewal().await?;
+        self.slots[leader].operator.process.signal(libc::SIGSTOP);
+        let at = Timestamp::now();
+        tokio::time::sleep(MIXED_FREEZE).await;
+        self.slots[leader].operator.process.signal(libc::SIGCONT);
+        // Its fence is still open: whatever it writes now must not overlap.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.slots[leader].operator.stop();
+        self.restart_slot_with(leader, TEST_TIMINGS).await?;
+        Ok((at, long))
+    }
+
+    /// Replaces the leader with a replica running [`LONG_TIMINGS`], the followers frozen
+    /// until it holds the Lease; returns its identity.
+    async fn long_timed_takeover(&mut self, leader: usize) -> Result<String> {
+        let followers: Vec<usize> = (0..self.slots.len()).filter(|s| *s != leader).collect();
+        for &f in &followers {
+            self.slots[f].operator.process.signal(libc::SIGSTOP);
+        }
+        self.slots[leader].operator.stop();
+        let takeover = async {
+            self.restart_slot_with(leader, LONG_TIMINGS).await?;
+            let long = self.slots[leader].operator.config.identity.clone();
+            e2e::wait::poll(
+                "the long-timed replica holding the Lease",
+                Duration::from_secs(30),
+                || async { Ok((self.holder().await? == long).then_some(())) },
+            )
+            .await?;
+            anyhow::Ok(long)
+        }
+        .await;
+        for &f in &followers {
+            self.slots[f].operator.process.signal(libc::SIGCONT);
+        }
+        takeover
+    }
+
+    /// Waits for the leader's next renewal of the Lease.
+    async fn wait_for_renewal(&self) -> Result<()> {
+        let renewed = |lease: Option<Lease>| lease.and_then(|l| l.spec?.renew_time);
+        let before = renewed(self.leases().get_opt(lease::NAME).await?);
+        e2e::wait::poll(
+            "a renewal by the long-timed leader",
+            Duration::from_secs(10),
+            || async {
+                let now = renewed(self.leases().get_opt(lease::NAME).await?);
+                Ok((now != before).then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// Waits for a live leader and its first reconcile after `fault`; returns the failover
+    /// time in seconds and the leader's slot.
+    pub(super) async fn recover(&self, fault: Timestamp) -> Result<(Option<f64>, usize)> {
+        let leader = self.leader_slot(Duration::from_secs(60)).await?;
+        let first = e2e::wait::poll(
+            "the leader's first reconcile after the fault",
+            Duration::from_secs(30),
+            || async {
+                let found = self.slots[leader]
+                    .operator
+                    .log_lines()
+                    .into_iter()
+                    .filter(|l| l["message"] == "reconciled")
+                    .filter_map(|l| {
+                        l["timestamp"]
+                            .as_str()
+                            .and_then(|t| t.parse::<Timestamp>().ok())
+                    })
+                    .find(|t| *t > fault);
+                Ok(found)
+            },
+        )
+        .await
+        .ok();
+        Ok((first.map(|t| t.duration_since(fault).as_secs_f64()), leader))
+    }
+}

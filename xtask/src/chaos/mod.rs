@@ -1,0 +1,184 @@
+//! `cargo xtask chaos`: three replicas, a steady bounded workload, and one fault per round
+//! chosen by a seed; after every round it checks that exactly one replica leads, measures the
+//! failover and the time to a new leader, and at the end proves from the API server's audit
+//! log that no replica wrote after another had acquired the Lease, that no update was lost,
+//! and that nothing panicked. Writes `target/chaos/report.json`, `report.md` and
+//! `timeline.svg`; fails when a check does.
+//!
+//! Each replica reaches the API server through two loopback proxies of its own: a TCP proxy
+//! (cut for a partition) in front of an HTTPS proxy (overloaded on demand), so the audit log
+//! still names the replica's user and user agent.
+//!
+//! - [`schedule`]: the fault kinds and the seeded order of the rounds;
+//! - [`replicas`]: the replica slots, their proxies and configuration;
+//! - [`faults`]: injecting a fault and waiting for the recovery;
+//! - [`workload`]: the steady workload the faults strike under;
+//! - [`checks`]: the invariants, and the time to a new leader from the audit log;
+//! - [`report`] and [`svg`]: `report.json`, `report.md` and `timeline.svg`.
+//!
+//! Replicas run with the test Lease timings, [`e2e::lease::TEST_TIMINGS`] (4 s / 3 s / 1 s),
+//! so a round takes seconds.
+
+mod checks;
+mod faults;
+mod replicas;
+mod report;
+mod schedule;
+mod svg;
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use e2e::audit;
+use e2e::cluster::{Cluster, ClusterConfig};
+use e2e::lease::TEST_TIMINGS;
+use e2e::process::Lifetime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use serde_json::{Value, json};
+
+use checks::Counts;
+use replicas::Slot;
+use schedule::{Fault, Rng, schedule};
+use workload::Workload;
+
+const NAMESPACE: &str = "chaos";
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChaosArgs {
+    /// Rounds, one fault each.
+    #[arg(long, default_value_t = 50)]
+    pub rounds: usize,
+    /// Seed for the choice of faults and the workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+struct Chaos {
+    root: PathBuf,
+    cluster: Cluster,
+    client: Client,
+    slots: Vec<Slot>,
+    /// Log files of every replica ever started, for the panic check.
+    logs: Vec<PathBuf>,
+    rng: Rng,
+}
+
+pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
+    let out = root.join("target/chaos");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    eprintln!("==> starting a local control plane and three replicas");
+    let cluster = Cluster::start(ClusterConfig {
+        dir: out.join("cluster"),
+        otlp_endpoint: None,
+        lifetime: Lifetime::TiedToThisProcess,
+        crds: vec![myresource_operator::resource::crd()],
+    })
+    .await?;
+    let client = cluster.client().await?;
+    e2e::cluster::create_namespace(&client, NAMESPACE).await?;
+    let mut chaos = Chaos {
+        root: root.to_path_buf(),
+        cluster,
+        client,
+        slots: Vec::new(),
+        logs: Vec::new(),
+        rng: Rng::new(args.seed),
+    };
+    let result = chaos.rounds(&args, &out).await;
+    // Keep the audit log and replica logs; stop the processes.
+    for slot in &mut chaos.slots {
+        slot.operator.stop();
+    }
+    let audit_copy = out.join("audit.log");
+    let _ = std::fs::copy(&chaos.cluster.audit_log, &audit_copy);
+    chaos.cluster.stop();
+    let report = result?;
+    if checks::failed(&report) {
+        bail!("chaos checks failed; see {}/report.md", out.display());
+    }
+    eprintln!("chaos checks passed; see {}/report.md", out.display());
+    Ok(())
+}
+
+impl Chaos {
+    /// Starts the replicas and the workload, runs every round, then checks the whole run
+    /// and writes the report into `out`.
+    async fn rounds(&mut self, args: &ChaosArgs, out: &Path) -> Result<Value> {
+        self.start_replicas().await?;
+        let started_at = Timestamp::now();
+        let workload = Workload::start(self.client.clone(), args.seed);
+        let mut faults = Vec::new();
+        let mut counts = Counts::default();
+        for (round, fault) in schedule(args.seed, args.rounds).into_iter().enumerate() {
+            faults.push(self.round(round, fault, &workload, &mut counts).await?);
+        }
+        let operations = workload.operations();
+        workload.stop().await;
+        let ended_at = Timestamp::now();
+
+        let events = audit::read(&self.cluster.audit_log)?;
+        let (terms, overlaps) = checks::audit_checks(&events, &mut faults);
+        counts.panics = self.panics();
+        counts.unexpected_exits += self.exited();
+        let report = report::build(args, faults, &overlaps, &counts, operations, terms.len());
+        report::write(out, &report, &terms, started_at, ended_at)?;
+        Ok(report)
+    }
+
+    /// One round: replace replicas that died, let the workload run, strike the leader with
+    /// `fault`, wait for the recovery and check it; returns the round's record.
+    async fn round(
+        &mut self,
+        round: usize,
+        fault: Fault,
+        workload: &Workload,
+        counts: &mut Counts,
+    ) -> Result<Value> {
+        let round_started = Instant::now();
+        let started = Timestamp::now();
+        // A replica that died without being killed by us is a finding; replace it.
+        counts.unexpected_exits += self.replace_exited().await?;
+        workload.resume();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let leader = self.leader_slot(Duration::from_secs(30)).await?;
+        eprintln!(
+            "round {:>2}: {} (leader {})",
+            round + 1,
+            fault.kind(),
+            self.slots[leader].operator.config.identity
+        );
+        let hit = self.inject(fault, leader).await?;
+        let (failover, new_leader) = self.recover(hit.at).await?;
+        let single = self.single_leader().await;
+        if !single {
+            counts.rounds_without_single_leader += 1;
+        }
+        workload.pause().await;
+        let lost = checks::lost_updates(
+            &self.client,
+            TEST_TIMINGS.lease_duration + Duration::from_secs(20),
+        )
+        .await?;
+        counts.lost_updates += lost;
+        let (at, leader_before) = (hit.at, hit.leader.clone());
+        let details = self.details(hit);
+        Ok(json!({
+            "round": round + 1,
+            "kind": fault.kind(),
+            "started": started.to_string(),
+            "at": at.to_string(),
+            "until": Timestamp::now().to_string(),
+            "failover_seconds": failover,
+            "leader_before": leader_before,
+            "leader_after": self.slots[new_leader].operator.config.identity,
+            "single_leader_after": single,
+            "lost_updates": lost,
+            "round_seconds": round_started.elapsed().as_secs_f64(),
+            "details": details,
+        }))
+    }
+}

@@ -1,0 +1,180 @@
+//! The chaos report: what each round and each fault kind measured and what the checks
+//! found, written as `report.json`, `report.md` and the `timeline.svg` of leadership.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Result;
+use e2e::audit::Acquisition;
+use e2e::lease::TEST_TIMINGS;
+use e2e::stats;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::ChaosArgs;
+use super::checks::Counts;
+use super::schedule::FAULTS;
+
+/// The report of a run: its rounds (`faults`), per fault kind, and what the checks found.
+pub(super) fn build(
+    args: &ChaosArgs,
+    faults: Vec<Value>,
+    overlaps: &[String],
+    counts: &Counts,
+    operations: u64,
+    lease_terms: usize,
+) -> Value {
+    let failovers: Vec<f64> = faults
+        .iter()
+        .filter_map(|f| f["failover_seconds"].as_f64())
+        .collect();
+    let by_kind = by_kind(&faults);
+    json!({
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "lease_timings": TEST_TIMINGS.args(),
+        "faults": faults,
+        "by_kind": by_kind,
+        "overlapping_leadership_writes": overlaps.len(),
+        "overlapping_examples": overlaps.iter().take(10).collect::<Vec<_>>(),
+        "lost_updates": counts.lost_updates,
+        "panics": counts.panics,
+        "unexpected_exits": counts.unexpected_exits,
+        "rounds_without_single_leader": counts.rounds_without_single_leader,
+        "failover_seconds": stats::summary(&failovers),
+        "workload_operations": operations,
+        "lease_terms": lease_terms,
+    })
+}
+
+/// Writes `report.json`, `report.md` and `timeline.svg` into `out`, and prints the Markdown.
+pub(super) fn write(
+    out: &Path,
+    report: &Value,
+    terms: &[Acquisition],
+    start: Timestamp,
+    end: Timestamp,
+) -> Result<()> {
+    std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(report)?)?;
+    std::fs::write(out.join("report.md"), markdown(report))?;
+    std::fs::write(
+        out.join("timeline.svg"),
+        super::svg::timeline(terms, report, start, end),
+    )?;
+    println!("{}", markdown(report));
+    Ok(())
+}
+
+/// Per fault kind: rounds, failover, time to a new leader (and its goal), round duration,
+/// overlapping writes and lost updates.
+fn by_kind(faults: &[Value]) -> Value {
+    let mut kinds: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
+    for f in faults {
+        kinds
+            .entry(f["kind"].as_str().unwrap_or(""))
+            .or_default()
+            .push(f);
+    }
+    let samples = |rounds: &[&Value], field: &str| -> Vec<f64> {
+        rounds.iter().filter_map(|f| f[field].as_f64()).collect()
+    };
+    let total = |rounds: &[&Value], field: &str| -> u64 {
+        rounds.iter().filter_map(|f| f[field].as_u64()).sum()
+    };
+    let map: serde_json::Map<String, Value> = kinds
+        .into_iter()
+        .map(|(kind, rounds)| {
+            let goal = FAULTS
+                .iter()
+                .find(|f| f.kind() == kind)
+                .and_then(|f| f.new_leader_goal());
+            let entry = json!({
+                "rounds": rounds.len(),
+                "failover_seconds": stats::summary(&samples(&rounds, "failover_seconds")),
+                "new_leader_seconds": stats::summary(&samples(&rounds, "new_leader_seconds")),
+                "new_leader_goal_seconds": goal.map(|g| g.as_secs_f64()),
+                "round_seconds": stats::summary(&samples(&rounds, "round_seconds")),
+                "overlapping_writes": total(&rounds, "overlapping_writes"),
+                "lost_updates": total(&rounds, "lost_updates"),
+            });
+            (kind.to_string(), entry)
+        })
+        .collect();
+    map.into()
+}
+
+fn markdown(report: &Value) -> String {
+    let seconds = |v: &Value| v.as_f64().map_or("–".to_string(), |s| format!("{s:.2}"));
+    let mut md = vec![
+        "# Chaos report".to_string(),
+        String::new(),
+        format!(
+            "{} rounds, seed {}, Lease timings {}; {} workload operations.",
+            report["rounds"],
+            report["seed"],
+            report["lease_timings"],
+            report["workload_operations"]
+        ),
+        String::new(),
+        "| check | result |".into(),
+        "|---|---|".into(),
+        format!(
+            "| overlapping leadership writes (audit log) | {} |",
+            report["overlapping_leadership_writes"]
+        ),
+        format!("| lost updates | {} |", report["lost_updates"]),
+        format!("| panics | {} |", report["panics"]),
+        format!("| unexpected exits | {} |", report["unexpected_exits"]),
+        format!(
+            "| rounds without exactly one leader after recovery | {} |",
+            report["rounds_without_single_leader"]
+        ),
+        format!(
+            "| failover seconds (fault → first reconcile by the leader) | {} |",
+            report["failover_seconds"]
+        ),
+        String::new(),
+        "| round | fault | failover s | new leader s | overlapping writes | lost updates | round s | details |"
+            .into(),
+        "|---|---|---|---|---|---|---|---|".into(),
+    ];
+    for f in report["faults"].as_array().into_iter().flatten() {
+        md.push(format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            f["round"],
+            f["kind"].as_str().unwrap_or(""),
+            seconds(&f["failover_seconds"]),
+            seconds(&f["new_leader_seconds"]),
+            f["overlapping_writes"],
+            f["lost_updates"],
+            seconds(&f["round_seconds"]),
+            f["details"]
+        ));
+    }
+    md.push(String::new());
+    md.push(
+        "Failover: fault → first reconcile by the leader after it. New leader: fault → first \
+         acquisition by another replica (the audit log), none when leadership stayed."
+            .into(),
+    );
+    md.push(String::new());
+    md.push(
+        "| fault | rounds | failover median s | max s | new leader median s | max s | goal s | overlapping writes | round median s |"
+            .into(),
+    );
+    md.push("|---|---|---|---|---|---|---|---|---|".into());
+    for (kind, k) in report["by_kind"].as_object().into_iter().flatten() {
+        md.push(format!(
+            "| {kind} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            k["rounds"],
+            seconds(&k["failover_seconds"]["median"]),
+            seconds(&k["failover_seconds"]["max"]),
+            seconds(&k["new_leader_seconds"]["median"]),
+            seconds(&k["new_leader_seconds"]["max"]),
+            seconds(&k["new_leader_goal_seconds"]),
+            k["overlapping_writes"],
+            seconds(&k["round_seconds"]["median"]),
+        ));
+    }
+    md.join("\n") + "\n"
+}

@@ -1,0 +1,115 @@
+//! Which fault each round brings: the fault kinds, the seeded order they come in, and the
+//! small deterministic generator behind that order and the workload.
+
+use std::time::Duration;
+
+use e2e::lease::TEST_TIMINGS;
+
+/// The faults, in the order a seed indexes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fault {
+    LeaderKill,
+    LeaderTerm,
+    LeaderFreeze,
+    LeaderPartition,
+    FollowerKill,
+    ApiserverRestart,
+    /// The Lease deleted under a working leader (`kubectl delete lease`).
+    LeaseDelete,
+    /// A foreign merge patch empties `spec.holderIdentity` under a working leader.
+    LeaseClearHolder,
+    /// The leader SIGKILLed while a foreign tool relabels the Lease every 2 s.
+    LeaseRelabelKill,
+    /// The leader restarted with longer timings than the others, then frozen for longer
+    /// than their lease duration but shorter than its own renew deadline.
+    MixedTimings,
+    /// The leader's API server answers a share of its writes 429 and delays others past
+    /// the renew deadline, its renewals among them (so another replica takes over).
+    ApiserverOverload,
+}
+
+pub(super) const FAULTS: [Fault; 11] = [
+    Fault::LeaderKill,
+    Fault::LeaderTerm,
+    Fault::LeaderFreeze,
+    Fault::LeaderPartition,
+    Fault::FollowerKill,
+    Fault::ApiserverRestart,
+    Fault::LeaseDelete,
+    Fault::LeaseClearHolder,
+    Fault::LeaseRelabelKill,
+    Fault::MixedTimings,
+    Fault::ApiserverOverload,
+];
+
+impl Fault {
+    pub(super) fn kind(self) -> &'static str {
+        match self {
+            Fault::LeaderKill => "leader_sigkill",
+            Fault::LeaderTerm => "leader_sigterm",
+            Fault::LeaderFreeze => "leader_sigstop",
+            Fault::LeaderPartition => "leader_partition",
+            Fault::FollowerKill => "follower_sigkill",
+            Fault::ApiserverRestart => "apiserver_restart",
+            Fault::LeaseDelete => "lease_delete",
+            Fault::LeaseClearHolder => "lease_clear_holder",
+            Fault::LeaseRelabelKill => "lease_relabel_kill",
+            Fault::MixedTimings => "mixed_timings",
+            Fault::ApiserverOverload => "apiserver_overload",
+        }
+    }
+
+    /// The goal for the time to a new leader, where there is one: after SIGKILL, the lease
+    /// duration plus a retry period, relabelled Lease or not.
+    pub(super) fn new_leader_goal(self) -> Option<Duration> {
+        matches!(self, Fault::LeaderKill | Fault::LeaseRelabelKill)
+            .then_some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period)
+    }
+}
+
+/// The fault of every round: each block of `FAULTS.len()` rounds has every kind once, in an
+/// order the seed shuffles, so a run of that many rounds covers all of them.
+pub(super) fn schedule(seed: u64, rounds: usize) -> Vec<Fault> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::with_capacity(rounds);
+    while out.len() < rounds {
+        let mut block = FAULTS;
+        for i in (1..block.len()).rev() {
+            block.swap(i, rng.below(i + 1));
+        }
+        out.extend(block);
+    }
+    out.truncate(rounds);
+    out
+}
+
+/// xorshift64*: a small deterministic generator, enough to pick faults and workload steps.
+pub(super) struct Rng(u64);
+
+impl Rng {
+    pub(super) fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub(super) fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_seed_orders_the_faults_and_every_block_covers_all_kinds() {
+        assert_eq!(schedule(7, 22), schedule(7, 22));
+        assert_ne!(schedule(7, 22), schedule(8, 22));
+        for block in schedule(7, 5 * FAULTS.len()).chunks(FAULTS.len()) {
+            let kinds: std::collections::HashSet<_> = block.iter().map(|f| f.kind()).collect();
+            assert_eq!(kinds.len(), FAULTS.len());
+        }
+    }
+}
