@@ -1,0 +1,141 @@
+//! `cargo xtask bench`: measurements that print numbers and write a report
+//! (`target/bench/report.json`, `target/bench/report.md`), all in one run on one local
+//! control plane. Timed assertions live nowhere: this only measures.
+//!
+//! Sections: event-to-status latency at idle; cold start with N MyResources and N labelled
+//! Pods; resident memory of leader and followers; SIGKILL failover and SIGTERM handover at
+//! two timing sets; takeover time with N objects cached.
+//!
+//! - [`throughput`]: the operator's cold start against the API server's write ceiling
+//!   ([`ceiling`]), followed by the latency and takeover sections on the same objects;
+//! - [`latency`]: event → reconcile start and create → Ready status;
+//! - [`takeover`]: a follower taking over with N objects cached;
+//! - [`memory`]: a follower's memory per cached Pod;
+//! - [`telemetry`]: the cost of the OTLP exporter;
+//! - [`failover`]: SIGKILL failover and SIGTERM handover;
+//! - [`cpu`]: CPU per process over a phase; [`objects`]: the objects measured;
+//! - [`report`]: the report, as printed lines, `report.md` and `report.json`.
+
+mod ceiling;
+mod cpu;
+mod failover;
+mod latency;
+mod memory;
+mod objects;
+mod report;
+mod takeover;
+mod telemetry;
+mod throughput;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use e2e::cluster::{Cluster, ClusterConfig};
+use e2e::lease::{DEFAULT_TIMINGS, TEST_TIMINGS, Timings};
+use e2e::operator::{Operator, OperatorConfig};
+use e2e::process::Lifetime;
+use kube::Client;
+
+use report::Report;
+
+/// What to measure and how much.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Objects: MyResources and as many labelled Pods for throughput, takeover and memory.
+    #[arg(long, default_value_t = 10_000)]
+    pub objects: usize,
+    /// SIGKILL failover and SIGTERM handover runs per timing set (15/10/2 s and 4/3/1 s);
+    /// 0 skips them.
+    #[arg(long, default_value_t = 5)]
+    pub failover_runs: usize,
+    /// Objects created one by one for the idle latency section.
+    #[arg(long, default_value_t = 200)]
+    pub latency_objects: usize,
+    /// Objects per mode in the telemetry section (exporter off, then on at 100 % sampling);
+    /// 0 skips it.
+    #[arg(long, default_value_t = 500)]
+    pub telemetry_objects: usize,
+    /// The cargo profile the operator is built with: `release`, or `profiling` (release with
+    /// symbols) to run perf against the replicas.
+    #[arg(long, default_value = "release")]
+    pub profile: String,
+}
+
+struct Bench {
+    root: PathBuf,
+    cluster: Cluster,
+    client: Client,
+    binary: PathBuf,
+    report: Report,
+}
+
+pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
+    eprintln!(
+        "==> building the operator ({} profile) and starting a local control plane",
+        args.profile
+    );
+    let binary = e2e::operator::built_with(&args.profile)?;
+    // Replica logs are appended to; an earlier run's lines must not be read as this run's.
+    let _ = std::fs::remove_dir_all(root.join("target/bench/logs"));
+    let cluster = Cluster::start(ClusterConfig {
+        dir: root.join("target/bench/cluster"),
+        otlp_endpoint: None,
+        lifetime: Lifetime::TiedToThisProcess,
+        crds: vec![myresource_operator::resource::crd()],
+    })
+    .await?;
+    let client = cluster.client().await?;
+    let mut bench = Bench {
+        root: root.to_path_buf(),
+        cluster,
+        client,
+        binary,
+        report: Report::new(),
+    };
+    let result = bench.all(&args).await;
+    bench.cluster.stop();
+    result?;
+    bench.report.write(&root.join("target/bench"))
+}
+
+impl Bench {
+    async fn all(&mut self, args: &BenchArgs) -> Result<()> {
+        self.throughput_and_takeover(args.objects, args.latency_objects)
+            .await?;
+        self.memory_per_pod(args.objects).await?;
+        if args.telemetry_objects > 0 {
+            self.telemetry(args.telemetry_objects, 100).await?;
+        }
+        if args.failover_runs > 0 {
+            for timings in [DEFAULT_TIMINGS, TEST_TIMINGS] {
+                self.failover(args.failover_runs, timings, false).await?;
+            }
+            self.failover(args.failover_runs, DEFAULT_TIMINGS, true)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn namespace(&self, name: &str) -> Result<String> {
+        e2e::cluster::create_namespace(&self.client, name).await?;
+        Ok(name.into())
+    }
+
+    fn replica(&self, ns: &str, identity: &str, timings: &Timings) -> Result<Operator> {
+        Operator::start(self.replica_config(ns, identity, timings))
+    }
+
+    /// A replica of the benchmarked build watching `ns`, its Lease there too.
+    fn replica_config(&self, ns: &str, identity: &str, timings: &Timings) -> OperatorConfig {
+        OperatorConfig {
+            binary: Some(self.binary.clone()),
+            ..OperatorConfig::in_namespace(
+                identity,
+                self.cluster.kubeconfig.clone(),
+                ns,
+                self.root.join("target/bench/logs"),
+                timings,
+            )
+        }
+    }
+}

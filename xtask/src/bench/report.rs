@@ -1,0 +1,54 @@
+//! The benchmark report: each measurement printed as a line, kept as a line of
+//! `report.md` and a field of `report.json`.
+
+use std::path::Path;
+
+use anyhow::Result;
+use serde_json::Value;
+
+pub(super) struct Report {
+    json: serde_json::Map<String, Value>,
+    md: Vec<String>,
+}
+
+impl Report {
+    /// An empty report: the Markdown heading and the machine.
+    pub(super) fn new() -> Report {
+        Report {
+            json: serde_json::Map::new(),
+            md: vec![
+                "# Benchmark report".into(),
+                String::new(),
+                format!(
+                    "Machine: {} cores; command: `cargo xtask bench`",
+                    std::thread::available_parallelism().map_or(0, |n| n.get())
+                ),
+                String::new(),
+            ],
+        }
+    }
+
+    /// One measurement: `line` printed and added to the Markdown, `value` stored as `key`.
+    pub(super) fn record(&mut self, key: &str, value: Value, line: String) {
+        println!("{line}");
+        self.md.push(format!("- {line}"));
+        self.json.insert(key.into(), value);
+    }
+
+    /// A field of `report.json` alone.
+    pub(super) fn insert(&mut self, key: &str, value: Value) {
+        self.json.insert(key.into(), value);
+    }
+
+    /// Writes `report.json` and `report.md` into `dir`.
+    pub(super) fn write(self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(
+            dir.join("report.json"),
+            serde_json::to_vec_pretty(&Value::Object(self.json))?,
+        )?;
+        std::fs::write(dir.join("report.md"), self.md.join("\n") + "\n")?;
+        eprintln!("wrote {}/report.json and report.md", dir.display());
+        Ok(())
+    }
+}
