@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::cluster::{Cluster, ClusterConfig};
+use e2e::lease::{self, wait_for_holder};
 use e2e::process::Lifetime;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use myresource_operator::resource::MyResource;
 
 const REPLICAS: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
-const LEASE: &str = "myresource-operator";
 
 pub async fn run(root: &Path, keep: bool) -> Result<()> {
     let started = Instant::now();
@@ -119,7 +118,7 @@ async fn demo(
         cluster.spawn(name, cmd)?;
     }
     let client = cluster.client().await?;
-    let leader = wait_for_leader(&client, None, Duration::from_secs(60)).await?;
+    let leader = wait_for_holder(&client, "default", None, Duration::from_secs(60)).await?;
     println!("    {leader} leads; the other two are warm followers");
 
     step("applying the tutorial's example and three labelled Pods (two of them Ready)");
@@ -159,7 +158,7 @@ async fn demo(
     kc.show(&[
         "get",
         "lease",
-        LEASE,
+        lease::NAME,
         "-o",
         "custom-columns=HOLDER:.spec.holderIdentity,TRANSITIONS:.spec.leaseTransitions",
     ])?;
@@ -181,7 +180,8 @@ async fn demo(
         ],
         None,
     )?;
-    let new_leader = wait_for_leader(&client, Some(&leader), Duration::from_secs(60)).await?;
+    let new_leader =
+        wait_for_holder(&client, "default", Some(&leader), Duration::from_secs(60)).await?;
     let took_over = killed.elapsed();
     wait_for(&client, Duration::from_secs(60), |mr| {
         mr.spec.message == "hello again"
@@ -275,23 +275,6 @@ impl Kubectl {
             "jsonpath={.data}{\"\\n\"}",
         ])
     }
-}
-
-async fn wait_for_leader(client: &Client, not: Option<&str>, limit: Duration) -> Result<String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    e2e::wait::poll("a leader", limit, || {
-        let leases = leases.clone();
-        async move {
-            let holder = leases
-                .get_opt(LEASE)
-                .await?
-                .and_then(|l| l.spec)
-                .and_then(|s| s.holder_identity)
-                .filter(|h| !h.is_empty() && Some(h.as_str()) != not);
-            Ok(holder)
-        }
-    })
-    .await
 }
 
 async fn wait_for(

@@ -1,9 +1,14 @@
 //! `cargo xtask …`: the project's task runner.
 //!
 //! - `cluster up|down [--dir DIR]`: a local control plane that outlives the command;
-//! - `test`: every test (unit and end-to-end against a real control plane), the demo once
-//!   with an empty binaries cache (the first-use path), then a check that no control-plane
-//!   process was left behind;
+//! - `test`: every test (unit and end-to-end against a real control plane), eleven seeded
+//!   chaos rounds (one of each fault kind), the demo once with an empty binaries cache (the
+//!   first-use path), then a check that no control-plane process was left behind;
+//! - `bench`: measurements (throughput against the API server's write ceiling, latency,
+//!   takeover, memory, telemetry, failover and handover) written to
+//!   `target/bench/report.{json,md}`; xtask reruns itself from a release build for it;
+//! - `chaos`: seeded faults against three replicas under a workload, with the invariants
+//!   checked; writes `target/chaos/report.{json,md}` and `timeline.svg`;
 //! - `demo`: the main job end to end.
 
 use std::path::{Path, PathBuf};
@@ -40,8 +45,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_args: Vec<String>,
     },
-    /// Measure latency, cold start, memory, failover, handover and takeover; writes
-    /// target/bench/report.{json,md}.
+    /// Measure cold start against the write ceiling, latency, takeover, memory, telemetry,
+    /// failover and handover; writes target/bench/report.{json,md}.
     Bench(bench::BenchArgs),
     /// Inject seeded faults into three replicas under a workload and check the invariants;
     /// writes target/chaos/report.{json,md} and timeline.svg.
