@@ -11,11 +11,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use myresource_operator::resource::MyResource;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::Bench;
 use super::cpu::CpuSplit;
-use super::throughput::request_breakdown;
 
 /// One phase of the ceiling: the successful writes, the wall seconds, the CPU split.
 pub(super) struct Phase {
@@ -30,8 +29,21 @@ pub(super) struct Ceiling {
     after: Phase,
     pub(super) writes_per_second: f64,
     pub(super) cpu: CpuSplit,
-    /// The ceiling client's requests by verb, resource and code (the audit log).
-    pub(super) requests: Value,
+}
+
+impl Ceiling {
+    /// Both phases as one.
+    pub(super) fn of(before: Phase, after: Phase) -> Ceiling {
+        let ceiling_wall = before.seconds + after.seconds;
+        let writes_per_second = (before.writes + after.writes) as f64 / ceiling_wall;
+        let cpu = CpuSplit::combine(&before.cpu, &after.cpu);
+        Ceiling {
+            before,
+            after,
+            writes_per_second,
+            cpu,
+        }
+    }
 }
 
 impl Bench {
@@ -68,24 +80,6 @@ impl Bench {
             writes,
             seconds: wall,
             cpu: CpuSplit::between(&cpu_before, &self.cpu(&[]), wall),
-        })
-    }
-
-    /// Both phases as one, with the requests the ceiling's client made in `ns`.
-    pub(super) fn ceiling_total(&self, before: Phase, after: Phase, ns: &str) -> Result<Ceiling> {
-        let ceiling_wall = before.seconds + after.seconds;
-        let writes_per_second = (before.writes + after.writes) as f64 / ceiling_wall;
-        let cpu = CpuSplit::combine(&before.cpu, &after.cpu);
-        let requests = {
-            let audit = e2e::audit::read(&self.cluster.audit_log)?;
-            request_breakdown(&audit, None, ns)
-        };
-        Ok(Ceiling {
-            before,
-            after,
-            writes_per_second,
-            cpu,
-            requests,
         })
     }
 

@@ -69,7 +69,11 @@ impl Bench {
         let before = self.ceiling(first_half, concurrency, "before").await?;
         let (leader, cold) = self.cold_start(&ns, n).await?;
         let after = self.ceiling(second_half, concurrency, "after").await?;
-        let ceiling = self.ceiling_total(before, after, &ceiling_ns)?;
+        let ceiling = Ceiling::of(before, after);
+        let ceiling_requests = {
+            let audit = e2e::audit::read(&self.cluster.audit_log)?;
+            request_breakdown(&audit, None, &ceiling_ns)
+        };
         let writes = self.operator_writes(&leader, &ns, cold.acquired)?;
         let under_load = latencies(&leader, &cold.probe_starts);
 
@@ -81,7 +85,7 @@ impl Bench {
 
         self.report.insert("objects", json!(n));
         self.record_ceiling(n, concurrency, &ceiling);
-        self.record_cold_start(n, &ceiling, &cold, &writes);
+        self.record_cold_start(n, &ceiling, &ceiling_requests, &cold, &writes);
         self.record_latency(n, &idle, &under_load);
         self.record_takeover(n, &takeover);
         takeover.follower.stop();
@@ -165,12 +169,13 @@ impl Bench {
         &mut self,
         n: usize,
         ceiling: &Ceiling,
+        ceiling_requests: &Value,
         cold: &ColdStart,
         writes: &OperatorWrites,
     ) {
         let (operator_writes, operator_rate) = (writes.count, writes.per_second);
         let reconcile_seconds = writes.reconcile_seconds;
-        let (ceiling_requests, requests) = (&ceiling.requests, &writes.requests);
+        let requests = &writes.requests;
         let (ceiling_cpu, cold_start_cpu) = (&ceiling.cpu, &cold.cpu);
         self.report.record(
             "operator_writes_per_second",
@@ -203,7 +208,7 @@ impl Bench {
 
 /// Requests in namespace `ns` by one replica (or, for `None`, by clients other than the
 /// operator), counted by "verb resource[/subresource] code".
-pub(super) fn request_breakdown(audit: &[AuditEvent], replica: Option<&str>, ns: &str) -> Value {
+fn request_breakdown(audit: &[AuditEvent], replica: Option<&str>, ns: &str) -> Value {
     let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
     for e in audit.iter().filter(|e| e.namespace() == ns) {
         if e.replica() != replica || e.resource() == "leases" {
