@@ -270,3 +270,34 @@ pub async fn wait_for_log(
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::TEST_TIMINGS;
+
+    #[test]
+    fn a_replica_in_a_namespace_with_a_flag_replaced() {
+        let config = OperatorConfig::in_namespace(
+            "ns-a",
+            PathBuf::from("admin.kubeconfig"),
+            "ns",
+            PathBuf::from("logs"),
+            &TEST_TIMINGS,
+        )
+        .with_args(&["--retry-period=2s", "--namespaces=other"]);
+        assert_eq!(config.identity, "ns-a");
+        assert_eq!(config.namespaces, ["ns"]);
+        assert_eq!(
+            config.extra_args,
+            [
+                "--lease-namespace=ns",
+                "--lease-duration=4s",
+                "--renew-deadline=3s",
+                "--retry-period=2s",
+                "--namespaces=other",
+            ]
+        );
+        assert_eq!(config.binary, None);
+    }
+}
