@@ -65,7 +65,12 @@ impl Chaos {
                 let follower = (leader + 1 + self.rng.below(2)) % self.slots.len();
                 self.restart_slot(follower).await?;
             }
-            Fault::ApiserverRestart => self.cluster.restart("kube-apiserver").await?,
+            Fault::ApiserverRestart => {
+                // This kind's failover includes the restart: say how much of it that was.
+                let started = std::time::Instant::now();
+                self.cluster.restart("kube-apiserver").await?;
+                hit.details["restart_seconds"] = started.elapsed().as_secs_f64().into();
+            }
             Fault::LeaseDelete => foreign_lease::delete(&self.leases(), lease::NAME).await?,
             Fault::LeaseClearHolder => {
                 foreign_lease::clear_holder(&self.leases(), lease::NAME).await?
