@@ -63,6 +63,15 @@ impl TestEnv {
         Ok(path)
     }
 
+    /// `kubectl apply` of the tutorial's example, unchanged, into this test's namespace.
+    pub fn apply_tutorial_example(&self) -> Result<()> {
+        let kubeconfig = format!("--kubeconfig={}", self.shared.kubeconfig.display());
+        let mut kubectl = std::process::Command::new(crate::binaries::kubectl()?);
+        kubectl.args([&kubeconfig, "-n", &self.namespace, "apply", "-f", "-"]);
+        crate::process::run(&mut kubectl, Some(crate::TUTORIAL_EXAMPLE))?;
+        Ok(())
+    }
+
     /// The holder of this test's Lease ("" when released, None when absent).
     pub async fn lease_holder(&self) -> Result<Option<String>> {
         crate::lease::holder(&self.client, &self.namespace).await

@@ -26,18 +26,7 @@ async fn an_empty_watch_namespaces_reconciles_every_namespace() -> Result<()> {
     let mut op = Operator::start(config)?;
     op.wait_ready().await?;
 
-    let kubeconfig = format!("--kubeconfig={}", env.shared.kubeconfig.display());
-    e2e::process::run(
-        Command::new(e2e::binaries::kubectl()?).args([
-            &kubeconfig,
-            "-n",
-            &env.namespace,
-            "apply",
-            "-f",
-            "-",
-        ]),
-        Some(e2e::TUTORIAL_EXAMPLE),
-    )?;
+    env.apply_tutorial_example()?;
     let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
     poll(

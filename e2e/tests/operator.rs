@@ -68,18 +68,7 @@ async fn converged(
 async fn tutorial_example_gets_its_configmap_and_follows_spec_updates() -> Result<()> {
     let env = harness::setup("tutorial").await?;
     let _op = env.start_operator("op", &[]).await?;
-    let kubeconfig = format!("--kubeconfig={}", env.shared.kubeconfig.display());
-    e2e::process::run(
-        std::process::Command::new(e2e::binaries::kubectl()?).args([
-            &kubeconfig,
-            "-n",
-            &env.namespace,
-            "apply",
-            "-f",
-            "-",
-        ]),
-        Some(e2e::TUTORIAL_EXAMPLE),
-    )?;
+    env.apply_tutorial_example()?;
 
     let started = Instant::now();
     let (mr, cm) = converged(
