@@ -2,7 +2,7 @@
 //!
 //! During an API server outage every election attempt and every watch retry fails; logging
 //! each one turned a control-plane outage into gigabytes of log per replica. A [`Throttle`]
-//! admits the first failure of a run, then at most one per [`Throttle::every`] carrying the
+//! admits the first failure of a run, then at most one per `every` (its period) carrying the
 //! number suppressed since, and reports the end of the run once, with its length.
 //!
 //! Pure (the caller passes the monotonic time), so it is tested with a fake clock.

@@ -1,0 +1,128 @@
+//! A watch's failures retried: kube's exponential backoff (0.8 s to 30 s), cut short and
+//! started over by the API server's return ([`crate::kubeclient::Reachability`]), with
+//! failures logged at a bounded rate.
+
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, DefaultBackoff, Event};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::throttle::{Throttle, Verdict};
+
+/// How often a watch that keeps failing is logged.
+const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// A watcher's events with its failures retried: after a failure it waits kube's
+/// exponential backoff or until the API server answers again (`returns` moves), whichever
+/// comes first; a return also starts the backoff over. Failures are logged at a bounded
+/// rate.
+pub(super) fn retried<K, S>(
+    events: S,
+    returns: watch::Receiver<u64>,
+    kind: String,
+) -> impl Stream<Item = Event<K>> + Send + 'static
+where
+    K: Send + 'static,
+    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+{
+    struct State<S> {
+        events: std::pin::Pin<Box<S>>,
+        backoff: DefaultBackoff,
+        throttle: Throttle,
+        returns: watch::Receiver<u64>,
+        kind: String,
+    }
+    let state = State {
+        events: Box::pin(events),
+        backoff: DefaultBackoff::default(),
+        throttle: Throttle::new(LOG_EVERY),
+        returns,
+        kind,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            let err = match st.events.next().await? {
+                Ok(event) => {
+                    st.backoff.reset();
+                    if let Some(failures) = st.throttle.succeeded() {
+                        info!(kind = %st.kind, failures, "watch works again");
+                    }
+                    return Some((event, st));
+                }
+                Err(err) => err,
+            };
+            if let Verdict::Log { suppressed } = st.throttle.failed(Instant::now()) {
+                warn!(error = %err, kind = %st.kind, suppressed, "watch failed; retrying");
+            }
+            let delay = st.backoff.next().unwrap_or(Duration::from_secs(30));
+            st.returns.borrow_and_update();
+            let returned = async {
+                if st.returns.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = returned => {
+                    // A server that has just come back may not serve everything yet (a
+                    // CRD still being loaded answers 404): start the backoff over, so the
+                    // next retries come soon too.
+                    st.backoff.reset();
+                    debug!(kind = %st.kind, "the API server answers again: retrying the watch now");
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubeclient::Reachability;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_watch_is_retried_as_soon_as_the_api_server_answers_again() {
+        let reachability = Reachability::default();
+        let events = futures::stream::iter(vec![
+            Err(watcher::Error::NoResourceVersion),
+            Ok(Event::<ConfigMap>::InitDone),
+        ]);
+        let mut events = Box::pin(retried(
+            events,
+            reachability.subscribe(),
+            "ConfigMap".into(),
+        ));
+        let started = tokio::time::Instant::now();
+        let r = reachability.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            r.record(None);
+            r.record(Some(200));
+        });
+        assert!(matches!(events.next().await, Some(Event::InitDone)));
+        // kube's first backoff step is 800 ms; the return cut it short.
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_millis(500), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_return_a_failed_watch_waits_its_backoff() {
+        let events = futures::stream::iter(vec![
+            Err(watcher::Error::NoResourceVersion),
+            Ok(Event::<ConfigMap>::InitDone),
+        ]);
+        let reachability = Reachability::default();
+        let mut events = Box::pin(retried(
+            events,
+            reachability.subscribe(),
+            "ConfigMap".into(),
+        ));
+        let started = tokio::time::Instant::now();
+        assert!(matches!(events.next().await, Some(Event::InitDone)));
+        assert!(started.elapsed() >= Duration::from_millis(500));
+    }
+}
