@@ -122,18 +122,20 @@ struct Observation {
 
 impl Observation {
     fn holder(&self) -> &str {
-        self.spec.holder_identity.as_deref().unwrap_or_default()
+        holder_of(&self.spec)
     }
+}
+
+/// The holder a record names ("" when released or cleared).
+fn holder_of(spec: &LeaseSpec) -> &str {
+    spec.holder_identity.as_deref().unwrap_or_default()
 }
 
 /// Whether `spec` is a graceful release of `previous`: an empty holder, a one-second lease
 /// and a new renewTime, as a holder writes after closing its fence. A foreign writer that
 /// only clears the holder leaves the duration and renewTime as they were.
 fn is_release(previous: Option<&LeaseSpec>, spec: &LeaseSpec) -> bool {
-    spec.holder_identity
-        .as_deref()
-        .unwrap_or_default()
-        .is_empty()
+    holder_of(spec).is_empty()
         && spec.lease_duration_seconds == Some(1)
         && previous.is_none_or(|p| p.renew_time != spec.renew_time)
 }
@@ -214,10 +216,13 @@ impl Elector {
     /// Notes that the holder of the previous record vanished without a release: nobody
     /// may take the Lease before that holder's fence has surely closed.
     fn holder_vanished(&mut self, previous: &Observation) {
-        if previous.holder().is_empty() {
-            return;
+        if !previous.holder().is_empty() {
+            self.hold_off_until(self.expiry_of(previous));
         }
-        let until = self.expiry_of(previous);
+    }
+
+    /// Nobody may take the Lease before `until` (the latest such time wins).
+    fn hold_off_until(&mut self, until: Instant) {
         self.vanished_until = Some(self.vanished_until.map_or(until, |u| u.max(until)));
     }
 
@@ -237,20 +242,11 @@ impl Elector {
             return;
         }
         let previous = self.observed.take();
-        if spec
-            .holder_identity
-            .as_deref()
-            .unwrap_or_default()
-            .is_empty()
-            && !is_release(previous.as_ref().map(|p| &p.spec), &spec)
-        {
+        if holder_of(&spec).is_empty() && !is_release(previous.as_ref().map(|p| &p.spec), &spec) {
             match &previous {
                 Some(previous) => self.holder_vanished(previous),
                 // A cleared record whose history we never saw: it may hide a live holder.
-                None => {
-                    let until = now + self.duration_of(&spec);
-                    self.vanished_until = Some(self.vanished_until.map_or(until, |u| u.max(until)));
-                }
+                None => self.hold_off_until(now + self.duration_of(&spec)),
             }
         }
         // While leading, the last record is our own write: any other record ends the term.

@@ -50,19 +50,15 @@ impl Transition {
     }
 }
 
-#[derive(Debug)]
-struct State {
-    role: Role,
-    shut_down: bool,
-}
-
 /// Shared by the election (which reports terms) and the term loop (which runs them).
 #[derive(Debug, Clone)]
 pub struct Leadership {
     fence: Fence,
     lease: String,
     identity: String,
-    state: Arc<Mutex<State>>,
+    /// Whether the process is shutting down; its lock also orders every transition.
+    shut_down: Arc<Mutex<bool>>,
+    /// The role, and where the term loop follows it.
     role: Arc<watch::Sender<Role>>,
 }
 
@@ -73,10 +69,7 @@ impl Leadership {
             fence,
             lease: lease.into(),
             identity: identity.into(),
-            state: Arc::new(Mutex::new(State {
-                role: Role::Follower,
-                shut_down: false,
-            })),
+            shut_down: Arc::default(),
             role: Arc::new(watch::channel(Role::Follower).0),
         };
         leadership.set_status(false);
@@ -90,7 +83,7 @@ impl Leadership {
 
     /// Whether a term is running.
     pub fn is_leading(&self) -> bool {
-        self.state.lock().expect("leadership lock").role == Role::Leader
+        *self.role.borrow() == Role::Leader
     }
 
     fn set_status(&self, leading: bool) {
@@ -105,15 +98,14 @@ impl Leadership {
     /// Opens (or keeps open) the fence until `until`; begins a term if none runs. Does
     /// nothing once shut down.
     pub fn extend(&self, until: Instant) {
-        let mut state = self.state.lock().expect("leadership lock");
-        if state.shut_down {
+        let shut_down = self.shut_down.lock().expect("leadership lock");
+        if *shut_down {
             return;
         }
         self.fence.extend(until);
-        if state.role == Role::Leader {
+        if self.is_leading() {
             return;
         }
-        state.role = Role::Leader;
         let span = info_span!("leader_election", transition = "acquired", identity = %self.identity, lease = %self.lease);
         let _entered = span.enter();
         info!(identity = %self.identity, lease = %self.lease, "acquired the Lease: leading");
@@ -124,15 +116,14 @@ impl Leadership {
 
     /// Ends the term, if one runs: fence closed first, then the metric and the role.
     pub fn step_down(&self, transition: Transition, why: &str) {
-        let mut state = self.state.lock().expect("leadership lock");
+        let mut shut_down = self.shut_down.lock().expect("leadership lock");
         self.fence.revoke();
         if transition == Transition::Shutdown {
-            state.shut_down = true;
+            *shut_down = true;
         }
-        if state.role == Role::Follower {
+        if !self.is_leading() {
             return;
         }
-        state.role = Role::Follower;
         let span = info_span!("leader_election", transition = transition.as_str(), identity = %self.identity, why);
         let _entered = span.enter();
         match transition {
