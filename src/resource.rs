@@ -40,7 +40,7 @@ pub const MAX_MESSAGE_LEN: u32 = 1024;
     status = "MyResourceStatus",
     derive = "PartialEq",
     doc = "A message and a value that the operator publishes as a ConfigMap of the same name, \
-           with a count of the Pods labelled trstringer.com/myresource=<name>.",
+           with a count of the Pods labelled `trstringer.com/myresource=<name>`.",
     printcolumn(name = "Message", type_ = "string", json_path = ".spec.message"),
     printcolumn(name = "Value", type_ = "integer", json_path = ".spec.someValue"),
     printcolumn(
@@ -95,7 +95,7 @@ pub struct MyResourceStatus {
     /// spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map_name: Option<String>,
-    /// Counts of the Pods in this namespace labelled trstringer.com/myresource=<name>.
+    /// Counts of the Pods in this namespace labelled `trstringer.com/myresource=<name>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<PodCounts>,
 }
