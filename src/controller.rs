@@ -21,11 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::cache::{Sink, Trigger};
+use crate::cache::{Change, Sink, Trigger};
 use crate::key::ObjectKey;
-use crate::metrics::{
-    self, CONTROLLER, CONTROLLER_LABELS, PhaseLabels, QUEUE_LABELS, ResultLabels, ShardLabels,
-};
+use crate::metrics::{Metrics, QueueState, ReconcileResult};
 use crate::queue::Outcome;
 use crate::reconcile::{Context, reconcile};
 use crate::shard::{Shard, Shards};
@@ -37,19 +35,20 @@ struct Cause {
     span: SpanContext,
 }
 
-/// Shared by the caches (as their [`Sink`]) and the leadership loop.
-#[derive(Debug)]
+/// Shared by the echo filter (as its next [`Sink`]) and the leadership loop.
 pub struct Controller {
     shards: Shards,
     leading: AtomicBool,
     causes: Mutex<HashMap<ObjectKey, Cause>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Sink for Controller {
-    fn changed(&self, key: ObjectKey, trigger: Trigger) {
+    fn changed(&self, change: Change) {
         if !self.leading.load(Ordering::SeqCst) {
             return;
         }
+        let Change { key, trigger, .. } = change;
         let span =
             tracing::info_span!("watch.event", trigger = trigger.as_str(), myresource = %key);
         let context = span.context().span().span_context().clone();
@@ -61,18 +60,28 @@ impl Sink for Controller {
                 span: context,
             },
         );
-        if self.shards.add(key) {
-            metrics::get().queue_adds.get_or_create(&QUEUE_LABELS).inc();
-        }
+        self.enqueue(key);
     }
 }
 
 impl Controller {
-    pub fn new(shards: Shards) -> Self {
+    pub fn new(shards: Shards, metrics: Arc<Metrics>) -> Self {
         Controller {
             shards,
             leading: AtomicBool::new(false),
             causes: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// Each shard's queue, for the scrape-time metrics.
+    pub fn queue_state(&self) -> Vec<QueueState> {
+        self.shards.snapshot()
+    }
+
+    fn enqueue(&self, key: ObjectKey) {
+        if self.shards.add(key) {
+            self.metrics.queue_added();
         }
     }
 
@@ -91,15 +100,11 @@ impl Controller {
             keys = keys.len(),
             "leading: enqueuing every cached MyResource"
         );
-        let m = metrics::get();
         for key in keys {
-            if self.shards.add(key) {
-                m.queue_adds.get_or_create(&QUEUE_LABELS).inc();
-            }
+            self.enqueue(key);
         }
-        m.max_concurrent_reconciles
-            .get_or_create(&CONTROLLER_LABELS)
-            .set((workers_per_shard * self.shards.len()) as i64);
+        self.metrics
+            .term_started(workers_per_shard * self.shards.len());
         let takeover = Takeover {
             acquired,
             first_done: AtomicBool::new(false),
@@ -124,7 +129,6 @@ impl Controller {
         cancel: CancellationToken,
         takeover: &Takeover,
     ) {
-        let m = metrics::get();
         while let Some(popped) = shard.next(&cancel).await {
             let key = popped.key;
             let cause = self.causes.lock().expect("causes lock").remove(&key);
@@ -143,63 +147,37 @@ impl Controller {
             if let Some(cause) = cause {
                 span.add_link(cause.span);
             }
-            m.queue_duration
-                .get_or_create(&QUEUE_LABELS)
-                .observe(popped.waited.as_secs_f64());
-            m.shard_queue_duration
-                .get_or_create(&ShardLabels {
-                    shard: shard.index.to_string(),
-                })
-                .observe(popped.waited.as_secs_f64());
-            m.active_workers.get_or_create(&CONTROLLER_LABELS).inc();
+            self.metrics.reconcile_started(shard.index, popped.waited);
+            span.in_scope(|| debug!(myresource = %key, shard = shard.index, "reconcile started"));
             let started = Instant::now();
-            {
-                let _entered = span.enter();
-                debug!(myresource = %key, shard = shard.index, "reconcile started");
-            }
             let result = tokio::select! {
                 result = reconcile(&ctx, &key).instrument(span.clone()) => Some(result),
                 _ = cancel.cancelled() => None,
             };
-            let took = started.elapsed().as_secs_f64();
-            m.active_workers.get_or_create(&CONTROLLER_LABELS).dec();
-            m.reconcile_time
-                .get_or_create(&CONTROLLER_LABELS)
-                .observe(took);
-            m.work_duration.get_or_create(&QUEUE_LABELS).observe(took);
             let Some(result) = result else {
+                self.metrics.reconcile_finished(started.elapsed(), None);
                 shard.done(&key, Outcome::Success);
                 return;
             };
             let (outcome, label) = match &result {
-                Ok(outcome @ Outcome::RequeueAfter(_)) => (*outcome, "requeue_after"),
-                Ok(outcome) => (*outcome, "success"),
-                Err(_) => (Outcome::Failure, "error"),
+                Ok(outcome @ Outcome::RequeueAfter(_)) => (*outcome, ReconcileResult::RequeueAfter),
+                Ok(outcome) => (*outcome, ReconcileResult::Success),
+                Err(_) => (Outcome::Failure, ReconcileResult::Error),
             };
-            m.reconcile_total
-                .get_or_create(&ResultLabels {
-                    controller: CONTROLLER,
-                    result: label,
-                })
-                .inc();
-            span.record("result", label);
+            self.metrics
+                .reconcile_finished(started.elapsed(), Some(label));
+            span.record("result", label.as_str());
             let retry = shard.done(&key, outcome);
-            match result {
-                Ok(_) => {
-                    let _entered = span.enter();
-                    debug!(myresource = %key, shard = shard.index, "reconciled");
-                }
+            span.in_scope(|| match &result {
+                Ok(_) => debug!(myresource = %key, shard = shard.index, "reconciled"),
                 Err(err) => {
-                    m.reconcile_errors.get_or_create(&CONTROLLER_LABELS).inc();
-                    m.queue_retries.get_or_create(&QUEUE_LABELS).inc();
                     if let Some(delay) = retry {
                         span.record("requeue_after", tracing::field::debug(delay));
                     }
-                    let _entered = span.enter();
                     warn!(myresource = %key, shard = shard.index, error = %err, kind = err.kind(), retry_in = ?retry, "reconcile failed");
                 }
-            }
-            takeover.observe(&self.shards);
+            });
+            takeover.observe(&self.shards, &self.metrics);
         }
     }
 }
@@ -212,13 +190,8 @@ struct Takeover {
 }
 
 impl Takeover {
-    fn observe(&self, shards: &Shards) {
-        let gauge = |phase| {
-            metrics::get()
-                .takeover_seconds
-                .get_or_create(&PhaseLabels { phase })
-                .set(self.acquired.elapsed().as_secs_f64())
-        };
+    fn observe(&self, shards: &Shards, metrics: &Metrics) {
+        let gauge = |phase| metrics.takeover(phase, self.acquired.elapsed().as_secs_f64());
         if !self.first_done.swap(true, Ordering::SeqCst) {
             gauge("first_reconcile");
         }
@@ -232,97 +205,5 @@ impl Takeover {
                 "takeover drained: every cached key reconciled once"
             );
         }
-    }
-}
-
-/// Scrape-time metrics of the queues and caches.
-pub struct StateCollector {
-    pub controller: Arc<Controller>,
-    pub caches: crate::cache::Caches,
-}
-
-impl std::fmt::Debug for StateCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StateCollector")
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct KindLabels {
-    kind: &'static str,
-}
-
-impl prometheus_client::collector::Collector for StateCollector {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> std::fmt::Result {
-        use crate::metrics::encode_gauge;
-        let shards = self.controller.shards.snapshot();
-        let depth: usize = shards.iter().map(|s| s.0).sum();
-        let unfinished: f64 = shards.iter().map(|s| s.1).sum();
-        let longest = shards.iter().map(|s| s.2).fold(0.0, f64::max);
-        encode_gauge(
-            &mut encoder,
-            "workqueue_depth",
-            "Current depth of workqueue",
-            &[(QUEUE_LABELS, depth as f64)],
-        )?;
-        encode_gauge(
-            &mut encoder,
-            "workqueue_unfinished_work_seconds",
-            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
-            &[(QUEUE_LABELS, unfinished)],
-        )?;
-        encode_gauge(
-            &mut encoder,
-            "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running",
-            &[(QUEUE_LABELS, longest)],
-        )?;
-        let per_shard: Vec<_> = shards
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                (
-                    ShardLabels {
-                        shard: i.to_string(),
-                    },
-                    s.0 as f64,
-                )
-            })
-            .collect();
-        encode_gauge(
-            &mut encoder,
-            "myresource_operator_shard_queue_depth",
-            "Keys ready in each shard's queue",
-            &per_shard,
-        )?;
-        let caches = [
-            (
-                KindLabels { kind: "MyResource" },
-                self.caches.myresources.len() as f64,
-            ),
-            (
-                KindLabels { kind: "ConfigMap" },
-                self.caches.configmaps.len() as f64,
-            ),
-            (KindLabels { kind: "Pod" }, self.caches.pods.len() as f64),
-        ];
-        encode_gauge(
-            &mut encoder,
-            "myresource_operator_cache_objects",
-            "Objects in this replica's caches, by kind",
-            &caches,
-        )?;
-        encode_gauge(
-            &mut encoder,
-            "myresource_operator_caches_synced",
-            "1 when every cache has completed its initial list",
-            &[(
-                KindLabels { kind: "all" },
-                if self.caches.synced() { 1.0 } else { 0.0 },
-            )],
-        )
     }
 }

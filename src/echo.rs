@@ -1,4 +1,5 @@
-//! Echoes of the operator's own writes: a write's result comes back on the watch, and
+//! The echo filter, the step between the caches and the controller: drops the echoes of
+//! the operator's own writes. A write's result comes back on the watch, and
 //! reconciling that echo would only find nothing to do. A 10,000-object cold start would
 //! run three reconciles per object (the create, the ConfigMap's echo, the status echo)
 //! where one suffices; the CPU they take is CPU the API server, on the same cores in a
@@ -11,11 +12,13 @@
 //! - at most one entry per object: a newer write replaces it, and the next event for the
 //!   object removes it, echo or not — so the memory is bounded by the number of objects;
 //! - losing a race (the echo arrives before the write's response is recorded) costs one
-//!   reconcile that finds nothing to do, never a missed change.
+//!   reconcile that finds nothing to do, never a missed change;
+//! - Pods are never echoes (the operator does not write them).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use crate::cache::{Change, Observed, Sink, Trigger};
 use crate::key::ObjectKey;
 
 /// The kinds the operator writes and watches.
@@ -64,6 +67,41 @@ impl Echoes {
     }
 }
 
+/// Passes every change of the caches on to `next`, except the echoes of our writes.
+pub struct EchoFilter {
+    echoes: Arc<Echoes>,
+    next: Arc<dyn Sink>,
+}
+
+impl EchoFilter {
+    /// A filter of the writes recorded in `echoes`, in front of `next`.
+    pub fn new(echoes: Arc<Echoes>, next: Arc<dyn Sink>) -> Self {
+        EchoFilter { echoes, next }
+    }
+}
+
+impl Sink for EchoFilter {
+    fn changed(&self, change: Change) {
+        let kind = match change.trigger {
+            Trigger::MyResource => Kind::MyResource,
+            Trigger::ConfigMap => Kind::ConfigMap,
+            Trigger::Pod => return self.next.changed(change),
+        };
+        match &change.observed {
+            Observed::Applied { resource_version } => {
+                if self
+                    .echoes
+                    .is_echo(kind, &change.key, resource_version.as_deref())
+                {
+                    return;
+                }
+            }
+            Observed::Deleted | Observed::Relisted => self.echoes.forget(kind, &change.key),
+        }
+        self.next.changed(change);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +143,54 @@ mod tests {
         echoes.wrote(Kind::MyResource, &key("a"), Some("15".into()));
         assert_eq!(echoes.len(), 1);
         assert!(echoes.is_echo(Kind::MyResource, &key("a"), Some("15")));
+    }
+
+    /// Collects what passes the filter.
+    #[derive(Default)]
+    struct Passed(Mutex<Vec<(Trigger, String)>>);
+
+    impl Sink for Passed {
+        fn changed(&self, change: Change) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((change.trigger, change.key.name));
+        }
+    }
+
+    #[test]
+    fn the_filter_drops_only_echoes_and_passes_pods_deletes_and_relists() {
+        let echoes = Arc::new(Echoes::default());
+        let passed = Arc::new(Passed::default());
+        let filter = EchoFilter::new(echoes.clone(), passed.clone());
+        let applied = |trigger, name: &str, rv: &str| Change {
+            key: key(name),
+            trigger,
+            observed: Observed::Applied {
+                resource_version: Some(rv.into()),
+            },
+        };
+        echoes.wrote(Kind::ConfigMap, &key("a"), Some("5".into()));
+        echoes.wrote(Kind::MyResource, &key("b"), Some("6".into()));
+        echoes.wrote(Kind::ConfigMap, &key("c"), Some("7".into()));
+        filter.changed(applied(Trigger::ConfigMap, "a", "5")); // echo: dropped
+        filter.changed(applied(Trigger::MyResource, "b", "9")); // someone else's: passed
+        filter.changed(applied(Trigger::Pod, "a", "5")); // Pods: passed
+        filter.changed(Change {
+            key: key("c"),
+            trigger: Trigger::ConfigMap,
+            observed: Observed::Relisted,
+        }); // passed, and the recorded write forgotten
+        filter.changed(applied(Trigger::ConfigMap, "c", "7"));
+        assert_eq!(
+            *passed.0.lock().unwrap(),
+            vec![
+                (Trigger::MyResource, "b".to_string()),
+                (Trigger::Pod, "a".to_string()),
+                (Trigger::ConfigMap, "c".to_string()),
+                (Trigger::ConfigMap, "c".to_string()),
+            ]
+        );
+        assert_eq!(echoes.len(), 0);
     }
 }

@@ -43,6 +43,7 @@
 //!   record still names takes the Lease back at its next attempt: an API server restart
 //!   costs the restart, not a lease duration.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -55,7 +56,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::leadership::{Leadership, Transition};
-use crate::metrics;
+use crate::metrics::Metrics;
 use crate::throttle::{Throttle, Verdict};
 
 /// Lease timings.
@@ -426,6 +427,7 @@ pub struct Driver {
     pub api: Api<Lease>,
     pub elector: Elector,
     pub leadership: Leadership,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Driver {
@@ -569,9 +571,7 @@ impl Driver {
                     self.leadership.extend(until);
                 }
                 if !new_term {
-                    metrics::get()
-                        .lease_renew_seconds
-                        .observe(started.elapsed().as_secs_f64());
+                    self.metrics.lease_renewed(started.elapsed());
                     debug!(took = ?started.elapsed(), "renewed the Lease");
                 }
                 Ok(false)

@@ -209,7 +209,7 @@ impl<F: Fn() -> bool + Send + Sync + 'static> Handler for Health<F> {
 }
 
 /// `/metrics`.
-pub struct Metrics;
+pub struct Metrics(pub Arc<crate::metrics::Metrics>);
 
 impl Handler for Metrics {
     fn handle(&self, path: &str, accept: &str) -> (StatusCode, &'static str, String) {
@@ -217,7 +217,7 @@ impl Handler for Metrics {
             return (StatusCode::NOT_FOUND, "text/plain", "not found".into());
         }
         let openmetrics = accept.contains("application/openmetrics-text");
-        let body = crate::metrics::get().encode(openmetrics);
+        let body = self.0.encode(openmetrics);
         let content_type = if openmetrics {
             "application/openmetrics-text; version=1.0.0; charset=utf-8"
         } else {

@@ -37,7 +37,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::fence::{Fence, NotLeader, with_timeout};
-use crate::metrics::{self, RestLabels};
+use crate::metrics::Metrics;
 
 /// A write abandoned at the fence's expiry (it may or may not have been applied before).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,12 +100,13 @@ pub struct Clients {
 }
 
 /// Builds both clients from one configuration.
-pub fn clients(mut config: kube::Config, fence: Fence) -> Result<Clients> {
+pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) -> Result<Clients> {
     config.default_retry = false;
     let reachability = Reachability::default();
     let layer = ApiRequestLayer {
         host: host_of(&config),
         reachability: reachability.clone(),
+        metrics,
     };
     let election = kube::client::ClientBuilder::try_from(config.clone())?
         .with_layer(&layer)
@@ -223,6 +224,7 @@ where
 pub struct ApiRequestLayer {
     host: String,
     reachability: Reachability,
+    metrics: Arc<Metrics>,
 }
 
 impl<S> Layer<S> for ApiRequestLayer {
@@ -233,6 +235,7 @@ impl<S> Layer<S> for ApiRequestLayer {
             inner,
             host: self.host.clone(),
             reachability: self.reachability.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -242,6 +245,7 @@ pub struct ApiRequestService<S> {
     inner: S,
     host: String,
     reachability: Reachability,
+    metrics: Arc<Metrics>,
 }
 
 struct HeaderInjector<'a>(&'a mut HeaderMap);
@@ -288,11 +292,12 @@ where
         });
         let host = self.host.clone();
         let reachability = self.reachability.clone();
+        let metrics = self.metrics.clone();
         let started = std::time::Instant::now();
         let response = self.inner.call(request).instrument(span.clone());
         Box::pin(async move {
             let result = response.await;
-            let took = started.elapsed().as_secs_f64();
+            let took = started.elapsed();
             reachability.record(result.as_ref().ok().map(|r| r.status().as_u16()));
             let code = match &result {
                 Ok(response) => {
@@ -308,10 +313,7 @@ where
                     "<error>".to_string()
                 }
             };
-            let labels = RestLabels { code, method, host };
-            let m = metrics::get();
-            m.rest_requests.get_or_create(&labels).inc();
-            m.rest_request_duration.get_or_create(&labels).observe(took);
+            metrics.api_request(code, method, host, took);
             result
         })
     }

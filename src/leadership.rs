@@ -22,7 +22,7 @@ use tracing::{info, info_span, warn};
 
 use crate::controller::Controller;
 use crate::fence::Fence;
-use crate::metrics::{self, NameLabels};
+use crate::metrics::Metrics;
 use crate::reconcile::Context;
 
 /// Leadership as the rest of the process sees it.
@@ -54,6 +54,7 @@ impl Transition {
 #[derive(Debug, Clone)]
 pub struct Leadership {
     fence: Fence,
+    metrics: Arc<Metrics>,
     lease: String,
     identity: String,
     /// Whether the process is shutting down; its lock also orders every transition.
@@ -64,9 +65,10 @@ pub struct Leadership {
 
 impl Leadership {
     /// A follower with a closed fence, for the Lease `lease`.
-    pub fn new(fence: Fence, lease: &str, identity: &str) -> Self {
+    pub fn new(fence: Fence, lease: &str, identity: &str, metrics: Arc<Metrics>) -> Self {
         let leadership = Leadership {
             fence,
+            metrics,
             lease: lease.into(),
             identity: identity.into(),
             shut_down: Arc::default(),
@@ -87,12 +89,7 @@ impl Leadership {
     }
 
     fn set_status(&self, leading: bool) {
-        metrics::get()
-            .leader_status
-            .get_or_create(&NameLabels {
-                name: self.lease.clone(),
-            })
-            .set(i64::from(leading));
+        self.metrics.leading(&self.lease, leading);
     }
 
     /// Opens (or keeps open) the fence until `until`; begins a term if none runs. Does
@@ -109,7 +106,7 @@ impl Leadership {
         let span = info_span!("leader_election", transition = "acquired", identity = %self.identity, lease = %self.lease);
         let _entered = span.enter();
         info!(identity = %self.identity, lease = %self.lease, "acquired the Lease: leading");
-        metrics::get().leadership_transitions.inc();
+        self.metrics.became_leader();
         self.set_status(true);
         self.role.send_replace(Role::Leader);
     }
@@ -206,7 +203,12 @@ mod tests {
     #[test]
     fn a_term_opens_the_fence_and_stepping_down_closes_it_first() {
         let fence = Fence::default();
-        let leadership = Leadership::new(fence.clone(), "leadership-test", "me");
+        let leadership = Leadership::new(
+            fence.clone(),
+            "leadership-test",
+            "me",
+            Arc::new(Metrics::new()),
+        );
         let role = leadership.subscribe();
         let t = Instant::now();
         leadership.extend(t + Duration::from_secs(5));

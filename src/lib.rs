@@ -4,7 +4,10 @@
 //!
 //! ```text
 //! kube-apiserver ─watch─► cache (MyResources, owned ConfigMaps, slim Pod index)
-//!                              │ changed(key)           (warm on every replica)
+//!                              │ Change (key, trigger, seen)   (warm on every replica)
+//!                              ▼
+//!                         echo filter (drops the echo of our own last write)
+//!                              │
 //!                              ▼
 //!                         controller ── while leading ──► shard = hash(ns/name) % S
 //!                                                          │ queue: dedupe, one key per worker,
@@ -16,6 +19,9 @@
 //!                                                                       ▼ = fence expiry
 //! Lease ◄─ replace ─ election ─► leadership (fence, role, metric, term, shutdown order)
 //! ```
+//!
+//! `main` only wires: it makes the one [`metrics::Metrics`] and hands it to the parts that
+//! record, and it builds the chain caches → [`echo::EchoFilter`] → [`controller::Controller`].
 
 pub mod cache;
 pub mod cli;

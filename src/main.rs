@@ -5,16 +5,18 @@ use anyhow::Result;
 use clap::Parser;
 use kube::Api;
 use myresource_operator::cli::{Cli, Command, RunArgs};
-use myresource_operator::controller::{Controller, StateCollector};
+use myresource_operator::controller::Controller;
+use myresource_operator::echo::{EchoFilter, Echoes};
 use myresource_operator::election::{Driver, Elector};
 use myresource_operator::endpoints::{self, Health};
 use myresource_operator::events::Publisher;
 use myresource_operator::fence::Fence;
 use myresource_operator::leadership::{self, Leadership, Terms};
+use myresource_operator::metrics::{Metrics, State};
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
 use myresource_operator::shard::Shards;
-use myresource_operator::{cache, kubeclient, metrics, resource, telemetry};
+use myresource_operator::{cache, kubeclient, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -60,7 +62,8 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let config = kubeclient::config(args.kubeconfig.as_deref(), &identity).await?;
     let lease_namespace = args.lease_namespace(&config.default_namespace);
     let fence = Fence::default();
-    let clients = kubeclient::clients(config, fence.clone())?;
+    let metrics = Arc::new(Metrics::new());
+    let clients = kubeclient::clients(config, fence.clone(), metrics.clone())?;
     info!(
         %identity,
         namespaces = ?args.namespaces,
@@ -71,22 +74,28 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         "starting"
     );
 
-    let controller = Arc::new(Controller::new(Shards::new(
-        args.shards.into(),
-        Backoff::default(),
-    )));
+    // The event flow: caches → echo filter → controller.
+    let controller = Arc::new(Controller::new(
+        Shards::new(args.shards.into(), Backoff::default()),
+        metrics.clone(),
+    ));
+    let echoes = Arc::new(Echoes::default());
     let caches = cache::start(
         clients.reconcile.clone(),
         &args.namespaces,
-        controller.clone(),
+        Arc::new(EchoFilter::new(echoes.clone(), controller.clone())),
         &clients.reachability,
     );
-    metrics::get().init_series();
-    metrics::get().register_collector(Box::new(StateCollector {
-        controller: controller.clone(),
-        caches: caches.clone(),
-    }));
-    endpoints::serve(args.metrics_addr, "metrics", Arc::new(endpoints::Metrics)).await?;
+    metrics.observe_state({
+        let (controller, caches) = (controller.clone(), caches.clone());
+        move || State {
+            queues: controller.queue_state(),
+            cached: caches.counts(),
+            synced: caches.synced(),
+        }
+    });
+    let scrape = Arc::new(endpoints::Metrics(metrics.clone()));
+    endpoints::serve(args.metrics_addr, "metrics", scrape).await?;
     let ready = caches.clone();
     endpoints::serve(
         args.health_addr,
@@ -100,6 +109,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let ctx = Arc::new(Context {
         client: clients.reconcile.clone(),
         caches: caches.clone(),
+        echoes,
         events: Publisher::new(clients.reconcile, "myresource-operator", &identity),
         fence: fence.clone(),
     });
@@ -112,13 +122,14 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         _ = tokio::signal::ctrl_c() => return Ok(()),
     }
 
-    let leadership = Leadership::new(fence, &args.lease_name, &identity);
+    let leadership = Leadership::new(fence, &args.lease_name, &identity, metrics.clone());
     let stop_election = CancellationToken::new();
     let election = tokio::spawn(
         Driver {
             api: Api::namespaced(clients.election, &lease_namespace),
             elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings),
             leadership: leadership.clone(),
+            metrics,
         }
         .run(stop_election.clone()),
     );

@@ -14,8 +14,9 @@
 //! are read at scrape time by collectors; events (reconciles, adds, requests) are counted
 //! where they happen.
 
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
-use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -26,74 +27,82 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// The `controller` label value (controller-runtime names it after the kind).
-pub const CONTROLLER: &str = "myresource";
+const CONTROLLER: &str = "myresource";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ControllerLabels {
-    pub controller: &'static str,
+struct ControllerLabels {
+    controller: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    pub controller: &'static str,
-    pub result: &'static str,
+struct ResultLabels {
+    controller: &'static str,
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueLabels {
-    pub controller: &'static str,
-    pub name: &'static str,
+struct QueueLabels {
+    controller: &'static str,
+    name: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NameLabels {
-    pub name: String,
+struct NameLabels {
+    name: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RestLabels {
-    pub code: String,
-    pub method: String,
-    pub host: String,
+struct RestLabels {
+    code: String,
+    method: String,
+    host: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShardLabels {
-    pub shard: String,
+struct ShardLabels {
+    shard: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PhaseLabels {
-    pub phase: &'static str,
+struct PhaseLabels {
+    phase: &'static str,
 }
 
-pub const CONTROLLER_LABELS: ControllerLabels = ControllerLabels {
+const CONTROLLER_LABELS: ControllerLabels = ControllerLabels {
     controller: CONTROLLER,
 };
-pub const QUEUE_LABELS: QueueLabels = QueueLabels {
+const QUEUE_LABELS: QueueLabels = QueueLabels {
     controller: CONTROLLER,
     name: CONTROLLER,
 };
 
-/// Every metric the operator records.
+/// Every metric the operator records: one per process, created by `main` and handed to
+/// the parts that record (no global), each recording through a one-line method.
+#[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
-    pub reconcile_total: Family<ResultLabels, Counter>,
-    pub reconcile_errors: Family<ControllerLabels, Counter>,
-    pub reconcile_time: Family<ControllerLabels, Histogram>,
-    pub active_workers: Family<ControllerLabels, Gauge>,
-    pub max_concurrent_reconciles: Family<ControllerLabels, Gauge>,
-    pub queue_adds: Family<QueueLabels, Counter>,
-    pub queue_duration: Family<QueueLabels, Histogram>,
-    pub work_duration: Family<QueueLabels, Histogram>,
-    pub queue_retries: Family<QueueLabels, Counter>,
-    pub leader_status: Family<NameLabels, Gauge>,
-    pub rest_requests: Family<RestLabels, Counter>,
-    pub rest_request_duration: Family<RestLabels, Histogram>,
-    pub shard_queue_duration: Family<ShardLabels, Histogram>,
-    pub leadership_transitions: Counter,
-    pub takeover_seconds: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
-    pub lease_renew_seconds: Histogram,
+    reconcile_total: Family<ResultLabels, Counter>,
+    reconcile_errors: Family<ControllerLabels, Counter>,
+    reconcile_time: Family<ControllerLabels, Histogram>,
+    active_workers: Family<ControllerLabels, Gauge>,
+    max_concurrent_reconciles: Family<ControllerLabels, Gauge>,
+    queue_adds: Family<QueueLabels, Counter>,
+    queue_duration: Family<QueueLabels, Histogram>,
+    work_duration: Family<QueueLabels, Histogram>,
+    queue_retries: Family<QueueLabels, Counter>,
+    leader_status: Family<NameLabels, Gauge>,
+    rest_requests: Family<RestLabels, Counter>,
+    rest_request_duration: Family<RestLabels, Histogram>,
+    shard_queue_duration: Family<ShardLabels, Histogram>,
+    leadership_transitions: Counter,
+    takeover_seconds: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
+    lease_renew_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
 }
 
 fn reconcile_buckets() -> Histogram {
@@ -113,7 +122,8 @@ fn queue_buckets() -> Histogram {
 }
 
 impl Metrics {
-    fn new() -> Self {
+    /// The metrics with every series a dashboard expects created at zero.
+    pub fn new() -> Self {
         let m = Metrics {
             registry: Mutex::new(Registry::default()),
             reconcile_total: Family::default(),
@@ -223,12 +233,13 @@ impl Metrics {
             );
             r.register_collector(Box::new(ProcessCollector));
         }
+        m.init_series();
         m
     }
 
     /// Creates the zero-valued series a dashboard expects before anything happened (as
     /// controller-runtime does), so a follower's scrape already has every name.
-    pub fn init_series(&self) {
+    fn init_series(&self) {
         for result in ["success", "error", "requeue_after"] {
             drop(self.reconcile_total.get_or_create(&ResultLabels {
                 controller: CONTROLLER,
@@ -248,12 +259,96 @@ impl Metrics {
         drop(self.queue_retries.get_or_create(&QUEUE_LABELS));
     }
 
-    /// Adds a scrape-time collector.
-    pub fn register_collector(&self, collector: Box<dyn Collector>) {
+    /// Reads the current state (queues, caches) from `read` at every scrape.
+    pub fn observe_state(&self, read: impl Fn() -> State + Send + Sync + 'static) {
         self.registry
             .lock()
             .expect("registry lock")
-            .register_collector(collector);
+            .register_collector(Box::new(StateCollector(Box::new(read))));
+    }
+
+    /// A key entered a queue it was not already waiting in.
+    pub fn queue_added(&self) {
+        self.queue_adds.get_or_create(&QUEUE_LABELS).inc();
+    }
+
+    /// A leadership term started with `workers` workers over all shards.
+    pub fn term_started(&self, workers: usize) {
+        self.max_concurrent_reconciles
+            .get_or_create(&CONTROLLER_LABELS)
+            .set(workers as i64);
+    }
+
+    /// A worker took a key that had waited `waited` in shard `shard`'s queue.
+    pub fn reconcile_started(&self, shard: usize, waited: Duration) {
+        let waited = waited.as_secs_f64();
+        self.queue_duration
+            .get_or_create(&QUEUE_LABELS)
+            .observe(waited);
+        self.shard_queue_duration
+            .get_or_create(&ShardLabels {
+                shard: shard.to_string(),
+            })
+            .observe(waited);
+        self.active_workers.get_or_create(&CONTROLLER_LABELS).inc();
+    }
+
+    /// A reconcile ended after `took`: with `result`, or cancelled with its term (`None`).
+    pub fn reconcile_finished(&self, took: Duration, result: Option<ReconcileResult>) {
+        let took = took.as_secs_f64();
+        self.active_workers.get_or_create(&CONTROLLER_LABELS).dec();
+        self.reconcile_time
+            .get_or_create(&CONTROLLER_LABELS)
+            .observe(took);
+        self.work_duration
+            .get_or_create(&QUEUE_LABELS)
+            .observe(took);
+        let Some(result) = result else { return };
+        self.reconcile_total
+            .get_or_create(&ResultLabels {
+                controller: CONTROLLER,
+                result: result.as_str(),
+            })
+            .inc();
+        if result == ReconcileResult::Error {
+            self.reconcile_errors
+                .get_or_create(&CONTROLLER_LABELS)
+                .inc();
+            self.queue_retries.get_or_create(&QUEUE_LABELS).inc();
+        }
+    }
+
+    /// Whether this replica leads the Lease `lease` (`leader_election_master_status`).
+    pub fn leading(&self, lease: &str, leading: bool) {
+        self.leader_status
+            .get_or_create(&NameLabels { name: lease.into() })
+            .set(i64::from(leading));
+    }
+
+    /// This replica became leader.
+    pub fn became_leader(&self) {
+        self.leadership_transitions.inc();
+    }
+
+    /// The current term's takeover reached `phase` `seconds` after acquiring the Lease.
+    pub fn takeover(&self, phase: &'static str, seconds: f64) {
+        self.takeover_seconds
+            .get_or_create(&PhaseLabels { phase })
+            .set(seconds);
+    }
+
+    /// A Lease renewal succeeded after `took`.
+    pub fn lease_renewed(&self, took: Duration) {
+        self.lease_renew_seconds.observe(took.as_secs_f64());
+    }
+
+    /// An API request ended with `code` (a status, or `<error>`) after `took`.
+    pub fn api_request(&self, code: String, method: String, host: String, took: Duration) {
+        let labels = RestLabels { code, method, host };
+        self.rest_requests.get_or_create(&labels).inc();
+        self.rest_request_duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
     }
 
     /// Encodes everything: OpenMetrics text when `openmetrics`, else Prometheus text 0.0.4.
@@ -270,14 +365,128 @@ impl Metrics {
     }
 }
 
-/// The process-wide metrics.
-pub fn get() -> &'static Metrics {
-    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
-    &METRICS
+/// How a reconcile ended, as controller-runtime labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Success,
+    RequeueAfter,
+    Error,
+}
+
+impl ReconcileResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::RequeueAfter => "requeue_after",
+            ReconcileResult::Error => "error",
+        }
+    }
+}
+
+/// One shard's queue at scrape time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueState {
+    /// Keys ready to be taken.
+    pub depth: usize,
+    /// Seconds of work in progress, summed over the keys in processing.
+    pub unfinished_seconds: f64,
+    /// Seconds the longest key in processing has been processed.
+    pub longest_seconds: f64,
+}
+
+/// The state read at scrape time: queues and caches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct State {
+    /// One entry per shard.
+    pub queues: Vec<QueueState>,
+    /// Objects cached, by kind.
+    pub cached: Vec<(&'static str, usize)>,
+    /// Whether every cache has completed its initial list.
+    pub synced: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+/// Encodes a [`State`] read at scrape time.
+struct StateCollector(Box<dyn Fn() -> State + Send + Sync>);
+
+impl std::fmt::Debug for StateCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StateCollector")
+    }
+}
+
+impl Collector for StateCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let state = (self.0)();
+        let queues = &state.queues;
+        let depth: usize = queues.iter().map(|q| q.depth).sum();
+        let unfinished: f64 = queues.iter().map(|q| q.unfinished_seconds).sum();
+        let longest = queues.iter().map(|q| q.longest_seconds).fold(0.0, f64::max);
+        encode_gauge(
+            &mut encoder,
+            "workqueue_depth",
+            "Current depth of workqueue",
+            &[(QUEUE_LABELS, depth as f64)],
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+            &[(QUEUE_LABELS, unfinished)],
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running",
+            &[(QUEUE_LABELS, longest)],
+        )?;
+        let per_shard: Vec<_> = queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                (
+                    ShardLabels {
+                        shard: i.to_string(),
+                    },
+                    q.depth as f64,
+                )
+            })
+            .collect();
+        encode_gauge(
+            &mut encoder,
+            "myresource_operator_shard_queue_depth",
+            "Keys ready in each shard's queue",
+            &per_shard,
+        )?;
+        let cached: Vec<_> = state
+            .cached
+            .iter()
+            .map(|&(kind, n)| (KindLabels { kind }, n as f64))
+            .collect();
+        encode_gauge(
+            &mut encoder,
+            "myresource_operator_cache_objects",
+            "Objects in this replica's caches, by kind",
+            &cached,
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "myresource_operator_caches_synced",
+            "1 when every cache has completed its initial list",
+            &[(
+                KindLabels { kind: "all" },
+                f64::from(u8::from(state.synced)),
+            )],
+        )
+    }
 }
 
 /// A gauge value read at scrape time.
-pub fn encode_gauge<L: EncodeLabelSet>(
+fn encode_gauge<L: EncodeLabelSet>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -401,21 +610,27 @@ mod tests {
 
     #[test]
     fn every_controller_runtime_name_is_exposed_in_both_formats() {
-        let m = get();
-        m.reconcile_total
-            .get_or_create(&ResultLabels {
-                controller: CONTROLLER,
-                result: "success",
-            })
-            .inc();
-        m.leader_status
-            .get_or_create(&NameLabels { name: "l".into() })
-            .set(1);
+        let m = Metrics::new();
+        m.reconcile_finished(Duration::ZERO, Some(ReconcileResult::Success));
+        m.leading("l", true);
+        m.observe_state(|| State {
+            queues: vec![QueueState {
+                depth: 2,
+                unfinished_seconds: 0.5,
+                longest_seconds: 0.25,
+            }],
+            cached: vec![("Pod", 3)],
+            synced: true,
+        });
         for openmetrics in [false, true] {
             let text = m.encode(openmetrics);
             for name in [
                 "controller_runtime_reconcile_total{controller=\"myresource\",result=\"success\"} 1",
                 "leader_election_master_status{name=\"l\"} 1",
+                "workqueue_depth{controller=\"myresource\",name=\"myresource\"} 2",
+                "myresource_operator_shard_queue_depth{shard=\"0\"} 2",
+                "myresource_operator_cache_objects{kind=\"Pod\"} 3",
+                "myresource_operator_caches_synced{kind=\"all\"} 1",
                 "process_resident_memory_bytes",
                 "process_cpu_seconds_total",
                 "process_start_time_seconds",

@@ -17,6 +17,7 @@
 //! (see [`crate::fence`]), Events included.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -28,7 +29,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::cache::Caches;
-use crate::echo::Kind;
+use crate::echo::{Echoes, Kind};
 use crate::events::{EventType, Publisher};
 use crate::fence::{Fence, NotLeader};
 use crate::key::ObjectKey;
@@ -41,6 +42,8 @@ use crate::resource::{
 pub struct Context {
     pub client: Client,
     pub caches: Caches,
+    /// Where each write of ours is recorded for the echo filter.
+    pub echoes: Arc<Echoes>,
     pub events: Publisher,
     pub fence: Fence,
 }
@@ -325,8 +328,8 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
         };
         match configmaps.create(&params, &desired).await {
             Ok(cm) => {
-                let echoes = &ctx.caches.echoes;
-                echoes.wrote(Kind::ConfigMap, key, cm.resource_version());
+                ctx.echoes
+                    .wrote(Kind::ConfigMap, key, cm.resource_version());
                 change = Some(("ConfigMapCreated", "created"));
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -382,8 +385,8 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
         let written = api
             .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        let echoes = &ctx.caches.echoes;
-        echoes.wrote(Kind::MyResource, key, written.resource_version());
+        ctx.echoes
+            .wrote(Kind::MyResource, key, written.resource_version());
         if let Some((reason, message)) = problem {
             let was = mr
                 .status
@@ -424,8 +427,8 @@ async fn apply(
             &Patch::Apply(&body),
         )
         .await?;
-    let echoes = &ctx.caches.echoes;
-    echoes.wrote(Kind::ConfigMap, key, written.resource_version());
+    ctx.echoes
+        .wrote(Kind::ConfigMap, key, written.resource_version());
     Ok(())
 }
 

@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::key::ObjectKey;
+use crate::metrics::QueueState;
 use crate::queue::{Backoff, Outcome, Popped, Queue};
 
 /// FNV-1a over `namespace/name`, reduced to a shard index.
@@ -148,15 +149,19 @@ impl Shards {
             .sum()
     }
 
-    /// Per shard: (ready keys, total seconds of unfinished work, longest running seconds).
-    pub fn snapshot(&self) -> Vec<(usize, f64, f64)> {
+    /// Per shard: ready keys, seconds of unfinished work, longest running seconds.
+    pub fn snapshot(&self) -> Vec<QueueState> {
         let now = Instant::now();
         self.shards
             .iter()
             .map(|s| {
                 let q = s.queue();
                 let (sum, longest) = q.unfinished(now);
-                (q.depth(), sum.as_secs_f64(), longest.as_secs_f64())
+                QueueState {
+                    depth: q.depth(),
+                    unfinished_seconds: sum.as_secs_f64(),
+                    longest_seconds: longest.as_secs_f64(),
+                }
             })
             .collect()
     }

@@ -1,16 +1,17 @@
 //! The slim Pod index: labelled Pods reduced to the MyResource they name and whether they
-//! are Ready (a k8s-openapi `Pod` is ≈2.5 KiB even when empty), and the loop that keeps it.
+//! are Ready (a k8s-openapi `Pod` is ≈2.5 KiB even when empty), kept as a mirror of the Pod
+//! watch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use tracing::info;
 
-use super::{Sink, SyncGate, Trigger};
+use super::Observed;
+use super::reflect::Mirror;
 use crate::key::ObjectKey;
 use crate::resource::{POD_LABEL, PodCounts};
 
@@ -109,47 +110,52 @@ impl PodIndex {
     }
 }
 
-pub(super) async fn index_pods<S>(
-    events: S,
+/// The Pod index of one watched namespace (or all) as a [`Mirror`] of its watch: Pods are
+/// reduced by [`slim`] as they arrive; a re-list is built aside and swapped in at its end.
+pub(super) struct PodMirror {
     scope: Option<String>,
     index: PodIndex,
-    sink: Arc<dyn Sink>,
-    gate: SyncGate,
-) where
-    S: Stream<Item = Event<Pod>>,
-{
-    let mut events = std::pin::pin!(events);
-    let mut relist: Option<PodTable> = None;
-    let mut synced = false;
-    while let Some(event) = events.next().await {
+    relist: Option<PodTable>,
+}
+
+impl PodMirror {
+    pub(super) fn new(scope: Option<String>, index: PodIndex) -> Self {
+        PodMirror {
+            scope,
+            index,
+            relist: None,
+        }
+    }
+}
+
+impl Mirror<Pod> for PodMirror {
+    fn apply(&mut self, event: Event<Pod>, report: &mut dyn FnMut(ObjectKey, Observed)) {
         match event {
-            Event::Init => relist = Some(PodTable::default()),
+            Event::Init => self.relist = Some(PodTable::default()),
             Event::InitApply(pod) => {
-                if let (Some(table), Some((key, owner, entry))) = (relist.as_mut(), slim(&pod)) {
+                if let (Some(table), Some((key, owner, entry))) = (self.relist.as_mut(), slim(&pod))
+                {
                     table.upsert(key, owner, entry);
                 }
             }
             Event::InitDone => {
-                let fresh = relist.take().unwrap_or_default();
-                let owners = index
+                let fresh = self.relist.take().unwrap_or_default();
+                let owners = self
+                    .index
                     .0
                     .write()
                     .expect("pod index lock")
-                    .replace_scope(scope.as_deref(), fresh);
+                    .replace_scope(self.scope.as_deref(), fresh);
                 // Every owner that had or has pods may have new counts.
                 for owner in owners {
-                    sink.changed(owner, Trigger::Pod);
-                }
-                if !synced {
-                    synced = true;
-                    gate.done();
+                    report(owner, Observed::Relisted);
                 }
             }
             Event::Apply(pod) => {
                 let Some((key, owner, entry)) = slim(&pod) else {
-                    continue;
+                    return;
                 };
-                let previous = index.0.write().expect("pod index lock").upsert(
+                let previous = self.index.0.write().expect("pod index lock").upsert(
                     key.clone(),
                     owner.clone(),
                     entry,
@@ -160,16 +166,18 @@ pub(super) async fn index_pods<S>(
                     "created"
                 };
                 info!(pod = %key, myresource = %owner, ready = entry.ready, "Pod {verb}");
+                let resource_version = pod.resource_version();
                 if let Some(prev) = previous.filter(|p| *p != owner) {
-                    sink.changed(prev, Trigger::Pod);
+                    let resource_version = resource_version.clone();
+                    report(prev, Observed::Applied { resource_version });
                 }
-                sink.changed(owner, Trigger::Pod);
+                report(owner, Observed::Applied { resource_version });
             }
             Event::Delete(pod) => {
                 let key = ObjectKey::new(pod.namespace().unwrap_or_default(), pod.name_any());
-                if let Some(owner) = index.0.write().expect("pod index lock").remove(&key) {
+                if let Some(owner) = self.index.0.write().expect("pod index lock").remove(&key) {
                     info!(pod = %key, myresource = %owner, "Pod deleted");
-                    sink.changed(owner, Trigger::Pod);
+                    report(owner, Observed::Deleted);
                 }
             }
         }
