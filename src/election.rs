@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
@@ -170,6 +170,8 @@ pub struct Elector {
     blind: bool,
     /// Start of the last successful acquire or renew, while leading.
     renewed_at: Option<Instant>,
+    /// The owner written into the Lease (see [`crate::owner`]).
+    owner: Option<OwnerReference>,
 }
 
 impl Elector {
@@ -184,7 +186,15 @@ impl Elector {
             vanished_until: None,
             blind: false,
             renewed_at: None,
+            owner: None,
         }
+    }
+
+    /// Writes `owner` into every Lease this elector creates or replaces, so that the
+    /// Lease goes when its owner goes.
+    pub fn owned_by(mut self, owner: Option<OwnerReference>) -> Self {
+        self.owner = owner;
+        self
     }
 
     pub fn identity(&self) -> &str {
@@ -360,6 +370,7 @@ impl Elector {
                 name: Some(self.name.clone()),
                 namespace: Some(self.namespace.clone()),
                 resource_version,
+                owner_references: self.owner.clone().map(|owner| vec![owner]),
                 ..Default::default()
             },
             spec: Some(spec),
@@ -758,6 +769,38 @@ mod tests {
         assert_eq!(l.metadata.resource_version, None);
         assert!(e.succeeded(&written(action, "1"), t));
         assert!(e.is_leader(t));
+    }
+
+    #[test]
+    fn every_lease_written_names_the_owner() {
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "ServiceAccount".into(),
+            name: "sa".into(),
+            uid: "u".into(),
+            ..Default::default()
+        };
+        let mut e = Elector::new("me", "l", "ns", timings()).owned_by(Some(owner.clone()));
+        let t = Instant::now();
+        e.observe_absent();
+        let created = e.next_action(t, wall());
+        let Action::Create(l) = &created else {
+            panic!("{created:?}")
+        };
+        assert_eq!(l.metadata.owner_references, Some(vec![owner.clone()]));
+        e.succeeded(&written(created, "1"), t);
+        let Action::Replace(l) = e.next_action(t + Duration::from_secs(2), wall()) else {
+            panic!("expected a renewal")
+        };
+        assert_eq!(l.metadata.owner_references, Some(vec![owner]));
+        let plain = Elector::new("me", "l", "ns", timings());
+        assert_eq!(
+            plain
+                .lease(LeaseSpec::default(), None)
+                .metadata
+                .owner_references,
+            None
+        );
     }
 
     #[test]

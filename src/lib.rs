@@ -35,6 +35,7 @@ pub mod key;
 pub mod kubeclient;
 pub mod leadership;
 pub mod metrics;
+pub mod owner;
 pub mod queue;
 pub mod reconcile;
 pub mod resource;

@@ -16,7 +16,7 @@ use myresource_operator::metrics::{Metrics, State};
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
 use myresource_operator::shard::Shards;
-use myresource_operator::{cache, kubeclient, resource, telemetry};
+use myresource_operator::{cache, kubeclient, owner, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -61,6 +61,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let timings = args.timings().map_err(anyhow::Error::msg)?;
     let config = kubeclient::config(args.kubeconfig.as_deref(), &identity).await?;
     let lease_namespace = args.lease_namespace(&config.default_namespace);
+    let lease_owner = owner::service_account().map_err(anyhow::Error::msg)?;
     let fence = Fence::default();
     let metrics = Arc::new(Metrics::new());
     let clients = kubeclient::clients(config, fence.clone(), metrics.clone())?;
@@ -69,6 +70,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         namespaces = ?args.namespaces,
         lease = %format!("{lease_namespace}/{}", args.lease_name),
         ?timings,
+        lease_owner = lease_owner.as_ref().map_or("none", |o| o.name.as_str()),
         shards = args.shards,
         workers_per_shard = args.workers_per_shard,
         "starting"
@@ -127,7 +129,8 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let election = tokio::spawn(
         Driver {
             api: Api::namespaced(clients.election, &lease_namespace),
-            elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings),
+            elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings)
+                .owned_by(lease_owner),
             leadership: leadership.clone(),
             metrics,
         }

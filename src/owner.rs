@@ -1,0 +1,127 @@
+//! Who owns the operator's Lease: in a Pod, the ServiceAccount it runs as.
+//!
+//! The replicas create their Lease at run time, so `helm uninstall` (which deletes what the
+//! chart made) would leave it behind. Naming the ServiceAccount, which the chart makes, as
+//! the Lease's owner lets the garbage collector remove the Lease with the release, as it
+//! does for any dependent. The ServiceAccount's name and uid come from the claims of the
+//! Pod's own token (`kubernetes.io.serviceaccount`), read without verifying it (the API
+//! server does that for every request the token carries); no permission on the
+//! ServiceAccount is needed, as the reference does not block its deletion.
+//!
+//! Outside a Pod (a kubeconfig, a user's token) there is no owner and the Lease stays, as
+//! before.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+/// Where a Pod's ServiceAccount token is mounted.
+const TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// The ServiceAccount of this Pod, as an owner reference; `None` outside a Pod.
+pub fn service_account() -> Result<Option<OwnerReference>, String> {
+    match std::fs::read_to_string(TOKEN) {
+        Ok(token) => from_token(token.trim()).map(Some),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(format!("reading {TOKEN}: {err}")),
+    }
+}
+
+/// The ServiceAccount a (projected) ServiceAccount token names.
+fn from_token(token: &str) -> Result<OwnerReference, String> {
+    let payload = token
+        .split('.')
+        .nth(1)
+        .ok_or("the ServiceAccount token is not a JWT")?;
+    let claims: serde_json::Value = serde_json::from_slice(&base64url(payload)?)
+        .map_err(|e| format!("the ServiceAccount token's claims are not JSON: {e}"))?;
+    let account = &claims["kubernetes.io"]["serviceaccount"];
+    let field = |name: &str| {
+        account[name]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| format!("the ServiceAccount token names no serviceaccount {name}"))
+    };
+    Ok(OwnerReference {
+        api_version: "v1".into(),
+        kind: "ServiceAccount".into(),
+        name: field("name")?,
+        uid: field("uid")?,
+        controller: None,
+        block_owner_deletion: None,
+    })
+}
+
+/// Decodes unpadded base64url (RFC 4648 §5), as JWTs use it.
+fn base64url(text: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut bits, mut count) = (0u32, 0u32);
+    for c in text.bytes().filter(|&c| c != b'=') {
+        let value = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => return Err(format!("the ServiceAccount token holds {:?}", c as char)),
+        };
+        bits = (bits << 6) | u32::from(value);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+            bits &= (1 << count) - 1;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64url_decodes_every_length() {
+        assert_eq!(base64url("").unwrap(), b"");
+        assert_eq!(base64url("Zg").unwrap(), b"f");
+        assert_eq!(base64url("Zm8").unwrap(), b"fo");
+        assert_eq!(base64url("Zm9v").unwrap(), b"foo");
+        assert_eq!(base64url("Zm9vYg==").unwrap(), b"foob");
+        assert_eq!(base64url("-_8").unwrap(), [0xfb, 0xff]);
+        assert!(base64url("a+b").is_err());
+    }
+
+    #[test]
+    fn the_owner_is_the_service_account_the_token_names() {
+        // The claims of a projected token, as kube-apiserver 1.37 issues them.
+        let claims = r#"{"aud":["https://kubernetes.default.svc"],"kubernetes.io":{"namespace":"mro","pod":{"name":"p","uid":"1"},"serviceaccount":{"name":"mro-sa","uid":"0a1b"}},"sub":"system:serviceaccount:mro:mro-sa"}"#;
+        let encode = |bytes: &[u8]| {
+            const ALPHABET: &[u8] =
+                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+            let mut out = String::new();
+            for chunk in bytes.chunks(3) {
+                let n = chunk.iter().fold(0u32, |acc, &b| (acc << 8) | u32::from(b))
+                    << (8 * (3 - chunk.len()));
+                for i in 0..=chunk.len() {
+                    out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+                }
+            }
+            out
+        };
+        let token = format!("{}.{}.sig", encode(b"{}"), encode(claims.as_bytes()));
+        let owner = from_token(&token).unwrap();
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("ServiceAccount", "mro-sa", "0a1b")
+        );
+        assert_eq!(
+            owner.block_owner_deletion, None,
+            "needs no delete permission"
+        );
+        assert!(from_token("not-a-jwt").is_err());
+        let no_account = format!("x.{}.y", encode(br#"{"sub":"me"}"#));
+        assert!(
+            from_token(&no_account)
+                .unwrap_err()
+                .contains("serviceaccount")
+        );
+    }
+}
