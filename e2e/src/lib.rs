@@ -4,6 +4,7 @@
 //!   modules on first use and cached outside the clone (or taken from `KUBEBUILDER_ASSETS`);
 //! - [`pki`]: the throwaway CA and certificates;
 //! - [`cluster`]: starting and stopping one control plane in a folder;
+//! - [`node`]: a real node beside it (containerd, runc, CNI bridge, kubelet, kube-proxy);
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
 //! - [`proxy`]: a loopback TCP proxy that tests cut to partition a replica;
 //! - [`overload_proxy`]: a loopback HTTPS proxy that plays an overloaded API server (429s
@@ -14,6 +15,8 @@
 //! - [`jaeger`]: a Jaeger on loopback for the tracing tests;
 //! - [`operator`]: the operator binary run as a real process, and how a replica is
 //!   configured;
+//! - [`operator_image`]: the operator's container image (as `deploy/Dockerfile` makes it),
+//!   built without Docker;
 //! - [`audit`]: reading the audit log the tests use as ground truth;
 //! - [`stats`]: percentiles and the min/median/p99/max summary of the bench and chaos reports;
 //! - [`wait`]: polling instead of sleeping.
@@ -25,7 +28,9 @@ pub mod foreign_lease;
 pub mod harness;
 pub mod jaeger;
 pub mod lease;
+pub mod node;
 pub mod operator;
+pub mod operator_image;
 pub mod overload_proxy;
 pub mod pki;
 pub mod process;

@@ -75,6 +75,21 @@ enum ClusterAction {
         #[arg(long, default_value_os_t = default_cluster_dir())]
         dir: PathBuf,
     },
+    /// NODE.md's fail-fast checks of a real node, each on a throwaway node in DIR that is
+    /// torn down afterwards: `runc` (ctr run with seccomp, memory limit, user 65532) or
+    /// `kubelet` (the kubelet standalone with a static Pod on the CNI bridge).
+    Probe {
+        #[arg(value_enum)]
+        step: ProbeStep,
+        #[arg(long, default_value_os_t = workspace_root().join("target").join("node-probe"))]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ProbeStep {
+    Runc,
+    Kubelet,
 }
 
 fn workspace_root() -> PathBuf {
@@ -109,6 +124,16 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             cluster::stop_recorded(&dir)?;
             println!("stopped the cluster in {}", dir.display());
+            Ok(())
+        }
+        Task::Cluster {
+            action: ClusterAction::Probe { step, dir },
+        } => {
+            let report = match step {
+                ProbeStep::Runc => e2e::node::probe::runc_alone(&dir)?,
+                ProbeStep::Kubelet => e2e::node::probe::kubelet_standalone(&dir)?,
+            };
+            println!("{report}");
             Ok(())
         }
         Task::Test { cargo_args } => test(&cargo_args),
