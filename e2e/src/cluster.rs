@@ -66,22 +66,62 @@ pub struct Cluster {
     processes: Vec<Process>,
     /// How each component was started, for [`Cluster::restart`].
     commands: std::collections::HashMap<String, (std::ffi::OsString, Vec<std::ffi::OsString>)>,
+    /// The real node's folder, when the cluster has one ([`Cluster::start_with_node`]).
+    node: Option<PathBuf>,
 }
 
 const RECORD: &str = "cluster.json";
 const CONTROLLERS: &str = "garbage-collector-controller,deployment-controller,\
 replicaset-controller,namespace-controller,serviceaccount-controller";
+/// With a real node, also: lifting the not-ready taint, `kube-root-ca.crt` in every
+/// namespace, EndpointSlices for Services, and PodDisruptionBudgets.
+const NODE_CONTROLLERS: &str = ",node-lifecycle-controller,\
+root-ca-certificate-publisher-controller,endpointslice-controller,disruption-controller";
+/// The folder of a cluster's node, below the cluster's.
+const NODE_DIR: &str = "node";
 
 impl Cluster {
     /// Starts etcd, kube-apiserver and kube-controller-manager; see the module invariants.
     pub async fn start(config: ClusterConfig) -> Result<Cluster> {
+        Cluster::start_inner(config, false).await
+    }
+
+    /// As [`Cluster::start`], plus a real node ([`crate::node`]): the API server advertises
+    /// the Pod bridge's address (listening on every address, filtered to loopback and the
+    /// bridge), serves the `kubernetes` Service with endpoints, authorises with Node,RBAC
+    /// and admits ServiceAccounts; kube-scheduler, containerd, the kubelet and kube-proxy
+    /// join. Returns when the node is Ready and the `kubernetes` Service answers from the
+    /// host and from a Pod.
+    pub async fn start_with_node(config: ClusterConfig) -> Result<Cluster> {
+        Cluster::start_inner(config, true).await
+    }
+
+    async fn start_inner(config: ClusterConfig, with_node: bool) -> Result<Cluster> {
         refuse_if_in_use(&config.dir)?;
         let binaries = binaries::ensure()?;
         std::fs::create_dir_all(&config.dir)
             .with_context(|| format!("creating {}", config.dir.display()))?;
         let dir = config.dir.canonicalize()?;
-        let pki = Pki::create(&dir.join("pki"))?;
+        let pki = if with_node {
+            let ips = [
+                crate::node::network::GATEWAY.parse()?,
+                crate::node::network::KUBERNETES_SERVICE_IP.parse()?,
+            ];
+            Pki::create_with_sans(
+                &dir.join("pki"),
+                &ips,
+                &[
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ],
+            )?
+        } else {
+            Pki::create(&dir.join("pki"))?
+        };
         let apiserver_port = free_port()?;
+        let node = with_node.then(|| dir.join(NODE_DIR));
         let server = format!("https://127.0.0.1:{apiserver_port}");
         let mut cluster = Cluster {
             kubeconfig: dir.join("kubeconfig"),
@@ -93,6 +133,7 @@ impl Cluster {
             pki,
             processes: Vec::new(),
             commands: Default::default(),
+            node,
         };
         match cluster.boot(&config, &binaries, apiserver_port).await {
             Ok(()) => Ok(cluster),
@@ -121,6 +162,15 @@ impl Cluster {
             &user,
         )?;
 
+        // The node's bridge carries the API server's advertised address: it comes first.
+        let node = match &self.node {
+            Some(dir) => {
+                let node = crate::node::Node::prepare(dir)?;
+                node.network.create(Some(port))?;
+                Some(node)
+            }
+            None => None,
+        };
         let etcd_url = self.start_etcd(bin)?;
         self.start_apiserver(bin, config, port, &etcd_url)?;
         let client = self.wait_for_apiserver().await?;
@@ -135,7 +185,11 @@ impl Cluster {
                 async move { Ok(api.get_opt("default").await?.is_some()) }
             },
         )
-        .await
+        .await?;
+        if let Some(node) = &node {
+            crate::node::join::join(self, node).await?;
+        }
+        Ok(())
     }
 
     fn start_etcd(&mut self, bin: &Binaries) -> Result<String> {
@@ -179,11 +233,40 @@ impl Cluster {
         let pki = &self.pki;
         let mut cmd = Command::new(&bin.kube_apiserver);
         cmd.arg(format!("--etcd-servers={etcd_url}"))
-            .arg(format!("--secure-port={port}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
-            .arg("--endpoint-reconciler-type=none")
-            .arg(format!("--cert-dir={}", self.dir.join("pki").display()))
+            .arg(format!("--secure-port={port}"));
+        if self.node.is_some() {
+            // Pods reach it at the bridge address (the `kubernetes` Service's endpoint);
+            // network.rs drops this port on every interface but loopback and the bridge.
+            let kubelet_client = pki.client(
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                Some("system:masters"),
+            )?;
+            cmd.arg("--bind-address=0.0.0.0")
+                .arg(format!(
+                    "--advertise-address={}",
+                    crate::node::network::GATEWAY
+                ))
+                .arg("--authorization-mode=Node,RBAC")
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    kubelet_client.cert.display()
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    kubelet_client.key.display()
+                ))
+                .arg("--kubelet-preferred-address-types=InternalIP");
+        } else {
+            cmd.arg("--bind-address=127.0.0.1")
+                .arg("--advertise-address=127.0.0.1")
+                .arg("--endpoint-reconciler-type=none")
+                .arg("--authorization-mode=RBAC")
+                // No token controller runs and nothing mounts tokens; Pods need no
+                // ServiceAccount.
+                .arg("--disable-admission-plugins=ServiceAccount");
+        }
+        cmd.arg(format!("--cert-dir={}", self.dir.join("pki").display()))
             .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
             .arg(format!(
                 "--tls-private-key-file={}",
@@ -192,7 +275,6 @@ impl Cluster {
             .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
             .arg("--allow-privileged=true")
-            .arg("--authorization-mode=RBAC")
             .arg(format!("--service-account-issuer={}/", self.server))
             .arg(format!(
                 "--service-account-key-file={}",
@@ -202,8 +284,6 @@ impl Cluster {
                 "--service-account-signing-key-file={}",
                 pki.service_account_key.display()
             ))
-            // No token controller runs and nothing mounts tokens; Pods need no ServiceAccount.
-            .arg("--disable-admission-plugins=ServiceAccount")
             .arg(format!("--audit-log-path={}", self.audit_log.display()))
             .arg(format!("--audit-policy-file={}", policy.display()))
             .arg("--audit-log-mode=blocking");
@@ -247,9 +327,14 @@ impl Cluster {
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg("--leader-elect=false")
             .arg("--secure-port=0")
-            .arg(format!("--controllers={CONTROLLERS}"))
             .arg("--kube-api-qps=200")
             .arg("--kube-api-burst=400");
+        if self.node.is_some() {
+            cmd.arg(format!("--controllers={CONTROLLERS}{NODE_CONTROLLERS}"))
+                .arg(format!("--root-ca-file={}", self.pki.ca_cert.display()));
+        } else {
+            cmd.arg(format!("--controllers={CONTROLLERS}"));
+        }
         self.spawn("kube-controller-manager", cmd)
     }
 
@@ -302,9 +387,24 @@ impl Cluster {
         Ok(())
     }
 
+    /// The CA that signs every certificate of this cluster.
+    pub fn ca_cert(&self) -> &Path {
+        &self.pki.ca_cert
+    }
+
+    /// Issues a client certificate from the cluster's CA (see [`Pki::client`]).
+    pub fn issue_client(
+        &self,
+        file_stem: &str,
+        user: &str,
+        group: Option<&str>,
+    ) -> Result<crate::pki::ClientCert> {
+        self.pki.client(file_stem, user, group)
+    }
+
     /// Polls `check` every 100 ms for up to 120 s; fails early, with the log tail, when a
     /// component exits.
-    async fn wait_until<F, Fut>(&mut self, what: &str, mut check: F) -> Result<()>
+    pub(crate) async fn wait_until<F, Fut>(&mut self, what: &str, mut check: F) -> Result<()>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<bool>>,
@@ -351,7 +451,19 @@ impl Cluster {
     }
 
     /// Stops every component (controller-manager first, etcd last) and removes the folder.
+    /// A node goes first, with every trace it left ([`crate::node::teardown`]).
     pub fn stop(&mut self) {
+        if let Some(node) = self.node.take() {
+            let processes = &mut self.processes;
+            let outcome = crate::node::teardown(&node, &mut |name| {
+                if let Some(p) = processes.iter_mut().find(|p| p.name == name) {
+                    p.stop(Duration::from_secs(10));
+                }
+            });
+            if let Err(err) = outcome {
+                eprintln!("warning: {err:#}");
+            }
+        }
         while let Some(mut p) = self.processes.pop() {
             p.stop(Duration::from_secs(10));
         }
@@ -367,10 +479,25 @@ pub fn stop_recorded(dir: &Path) -> Result<()> {
             dir.display()
         )
     })?;
+    teardown_node(dir, &record)?;
     for (name, pid) in record.processes.into_iter().rev() {
         Process::adopt(&name, pid, dir.join(format!("{name}.log"))).stop(Duration::from_secs(10));
     }
     std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
+}
+
+/// Tears down the node recorded below `dir`, if any, stopping its processes by pid.
+fn teardown_node(dir: &Path, record: &Record) -> Result<()> {
+    let node = dir.join(NODE_DIR);
+    if !crate::node::recorded(&node) {
+        return Ok(());
+    }
+    crate::node::teardown(&node, &mut |name| {
+        if let Some((_, pid)) = record.processes.iter().find(|(n, _)| n == name) {
+            Process::adopt(name, *pid, dir.join(format!("{name}.log")))
+                .stop(Duration::from_secs(10));
+        }
+    })
 }
 
 fn read_record(dir: &Path) -> Result<Option<Record>> {
@@ -394,7 +521,9 @@ fn refuse_if_in_use(dir: &Path) -> Result<()> {
         .map(|(name, pid)| format!("{name} (pid {pid})"))
         .collect();
     if alive.is_empty() {
-        // A cluster that died without `down`: its leftovers are ours to replace.
+        // A cluster that died without `down`: its leftovers are ours to replace (a node's
+        // containers, mounts, bridge and cgroups first).
+        teardown_node(dir, &record)?;
         std::fs::remove_dir_all(dir)?;
         return Ok(());
     }
@@ -496,7 +625,8 @@ fn audit_policy() -> serde_json::Value {
     })
 }
 
-fn write_kubeconfig(
+/// Writes a kubeconfig for `user` with a client certificate.
+pub fn write_kubeconfig(
     path: &Path,
     server: &str,
     ca: &Path,

@@ -38,6 +38,13 @@ pub struct Pki {
 impl Pki {
     /// Creates the CA, the serving pair and the service-account key in `dir`.
     pub fn create(dir: &Path) -> Result<Pki> {
+        Pki::create_with_sans(dir, &[], &[])
+    }
+
+    /// As [`Pki::create`], with more subject alternative names on the serving certificate
+    /// (a real node's Pods reach the API server at the `kubernetes` Service's IP and by its
+    /// DNS names, and the node at the bridge address).
+    pub fn create_with_sans(dir: &Path, ips: &[IpAddr], names: &[&str]) -> Result<Pki> {
         std::fs::create_dir_all(dir)?;
         let ca_key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
@@ -73,6 +80,14 @@ impl Pki {
         serving
             .subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        for ip in ips {
+            serving.subject_alt_names.push(SanType::IpAddress(*ip));
+        }
+        for name in names {
+            serving
+                .subject_alt_names
+                .push(SanType::DnsName((*name).try_into()?));
+        }
         serving.distinguished_name = name("kube-apiserver", None);
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         pki.sign(serving, "apiserver")?;

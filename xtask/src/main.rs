@@ -1,6 +1,7 @@
 //! `cargo xtask …`: the project's task runner.
 //!
-//! - `cluster up|down [--dir DIR]`: a local control plane that outlives the command;
+//! - `cluster up|down [--dir DIR] [--node]`: a local control plane that outlives the command,
+//!   with a real node when asked; `cluster probe runc|kubelet`: NODE.md's fail-fast checks;
 //! - `test`: every test (unit and end-to-end against a real control plane), eleven seeded
 //!   chaos rounds (one of each fault kind), the demo once with an empty binaries cache (the
 //!   first-use path), then a check that no control-plane process was left behind;
@@ -69,6 +70,10 @@ enum ClusterAction {
         /// OTLP gRPC endpoint (host:port) that kube-apiserver sends its traces to.
         #[arg(long)]
         otlp_endpoint: Option<String>,
+        /// Also run a real node (containerd, runc, CNI bridge, kubelet, kube-proxy,
+        /// kube-scheduler) so Pods run; `cluster down` removes every trace of it.
+        #[arg(long)]
+        node: bool,
     },
     /// Stop the control plane started in DIR and remove DIR.
     Down {
@@ -117,8 +122,13 @@ fn run(cli: Cli) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {
         Task::Cluster {
-            action: ClusterAction::Up { dir, otlp_endpoint },
-        } => runtime.block_on(cluster_up(dir, otlp_endpoint)),
+            action:
+                ClusterAction::Up {
+                    dir,
+                    otlp_endpoint,
+                    node,
+                },
+        } => runtime.block_on(cluster_up(dir, otlp_endpoint, node)),
         Task::Cluster {
             action: ClusterAction::Down { dir },
         } => {
@@ -161,15 +171,25 @@ fn release_self() -> Result<()> {
     Ok(())
 }
 
-async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>) -> Result<()> {
+async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>, node: bool) -> Result<()> {
     let started = Instant::now();
-    let cluster = Cluster::start(ClusterConfig {
+    let config = ClusterConfig {
         dir,
         otlp_endpoint,
         lifetime: Lifetime::Detached,
         crds: Vec::new(),
-    })
-    .await?;
+    };
+    let cluster = if node {
+        Cluster::start_with_node(config).await?
+    } else {
+        Cluster::start(config).await?
+    };
+    if node {
+        eprintln!(
+            "node {} Ready; the kubernetes Service answers from the host and from a Pod",
+            e2e::node::NODE_NAME
+        );
+    }
     eprintln!(
         "control plane ready at {} in {:.1} s; logs and audit log in {}",
         cluster.server,

@@ -28,6 +28,7 @@
 
 pub mod cgroup;
 pub mod image;
+pub mod join;
 pub mod kubelet;
 pub mod network;
 pub mod probe;
@@ -167,6 +168,8 @@ pub fn recorded(dir: &Path) -> bool {
 /// process of [`PROCESSES`] if it runs (and waits for it to end): the caller knows how the
 /// process was started. Returns an error naming every step that left something behind.
 pub fn teardown(dir: &Path, stop: &mut dyn FnMut(&str)) -> Result<()> {
+    // Mount points are absolute: so must the folder be.
+    let dir = &std::path::absolute(dir)?;
     let record: Record = match std::fs::read(dir.join(RECORD)) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .with_context(|| format!("{} is not a node record", dir.join(RECORD).display()))?,

@@ -140,21 +140,33 @@ pub fn remove() {
 }
 
 fn remove_chains() {
-    // Every jump to our chains, however many a crashed run left.
     for (parent, chain) in [("INPUT", INPUT_CHAIN), ("FORWARD", FORWARD_CHAIN)] {
-        let rules = run(Command::new("iptables").args(["-S", parent]), None).unwrap_or_default();
-        for rule in rules
-            .lines()
-            .filter(|r| r.ends_with(&format!("-j {chain}")))
-        {
-            let args: Vec<&str> = rule.split_whitespace().skip(1).collect();
-            let mut delete = vec!["-D"];
-            delete.extend(args);
-            let _ = iptables(&delete);
-        }
-        let _ = iptables(&["-F", chain]);
-        let _ = iptables(&["-X", chain]);
+        remove_chain("iptables", parent, chain);
     }
+    // The kubelet makes KUBE-FIREWALL (filter table, jumped to from INPUT and OUTPUT) even
+    // with makeIPTablesUtilChains off, and kube-proxy --cleanup leaves it.
+    for tool in ["iptables", "ip6tables"] {
+        for parent in ["INPUT", "OUTPUT"] {
+            remove_chain(tool, parent, "KUBE-FIREWALL");
+        }
+    }
+}
+
+/// Deletes every jump from `parent` to `chain`, then flushes and deletes `chain` (filter
+/// table; best effort).
+fn remove_chain(tool: &str, parent: &str, chain: &str) {
+    let table = |args: &[&str]| run(Command::new(tool).args(["-w", "5"]).args(args), None);
+    let rules = table(&["-S", parent]).unwrap_or_default();
+    for rule in rules
+        .lines()
+        .filter(|r| r.ends_with(&format!("-j {chain}")))
+    {
+        let mut delete = vec!["-D"];
+        delete.extend(rule.split_whitespace().skip(1));
+        let _ = table(&delete);
+    }
+    let _ = table(&["-F", chain]);
+    let _ = table(&["-X", chain]);
 }
 
 fn ip(args: &[&str]) -> Result<String> {
