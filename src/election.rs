@@ -42,6 +42,10 @@
 //!   when it can again (it could not have seen renewals meanwhile), while the replica the
 //!   record still names takes the Lease back at its next attempt: an API server restart
 //!   costs the restart, not a lease duration.
+//! - A record naming this replica's identity that this process did not write (its
+//!   container was restarted in the same Pod, under the same name) is treated as another
+//!   holder's: the dead process's requests may still be in flight, so it is taken only
+//!   after it expires, and never released by the new process.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -172,6 +176,10 @@ pub struct Elector {
     renewed_at: Option<Instant>,
     /// The owner written into the Lease (see [`crate::owner`]).
     owner: Option<OwnerReference>,
+    /// Whether this process has held the Lease. A record naming our identity that this
+    /// process never wrote is a previous process's (a container restarted in the same Pod):
+    /// it is someone else's until it expires, as its writes may still be in flight.
+    held: bool,
 }
 
 impl Elector {
@@ -187,6 +195,7 @@ impl Elector {
             blind: false,
             renewed_at: None,
             owner: None,
+            held: false,
         }
     }
 
@@ -317,7 +326,7 @@ impl Elector {
             // Nothing read yet: the driver reads first; ask it to look again now.
             return Action::WaitUntil(now);
         };
-        let mine = obs.holder() == self.identity;
+        let mine = self.is_ours(obs);
         let takeable = if obs.holder().is_empty() {
             now
         } else {
@@ -377,10 +386,16 @@ impl Elector {
         }
     }
 
+    /// Whether a record is this process's own: it names us, and we have held the Lease.
+    fn is_ours(&self, obs: &Observation) -> bool {
+        self.held && obs.holder() == self.identity
+    }
+
     /// Records a successful create/replace that started at `started`; returns whether this
     /// began a new term.
     pub fn succeeded(&mut self, written: &Lease, started: Instant) -> bool {
         let was_leader = self.renewed_at.is_some();
+        self.held = true;
         self.absent = false;
         self.blind = false;
         self.observed = Some(Observation {
@@ -395,10 +410,7 @@ impl Elector {
     /// The Lease that releases our hold: empty holder, `leaseDurationSeconds: 1`. `None`
     /// when the last record we saw does not name us.
     pub fn release(&self, wall: Timestamp) -> Option<Lease> {
-        let obs = self
-            .observed
-            .as_ref()
-            .filter(|o| o.holder() == self.identity)?;
+        let obs = self.observed.as_ref().filter(|o| self.is_ours(o))?;
         let spec = LeaseSpec {
             holder_identity: Some(String::new()),
             lease_duration_seconds: Some(1),
@@ -1102,6 +1114,36 @@ mod tests {
         assert_eq!(
             follower.next_action(back, wall()),
             Action::WaitUntil(back + Duration::from_secs(15))
+        );
+    }
+
+    /// A container restarted in its Pod keeps its identity but not its term.
+    #[test]
+    fn a_restarted_process_waits_out_the_record_its_predecessor_wrote() {
+        let t = Instant::now();
+        let mut before = Elector::new("me", "l", "ns", timings());
+        before.observe_absent();
+        let record = written(before.next_action(t, wall()), "1");
+        before.succeeded(&record, t);
+        // The process dies; its successor, same identity, reads the record at once.
+        let mut after = Elector::new("me", "l", "ns", timings());
+        let seen = t + Duration::from_secs(1);
+        after.observe(&record, seen);
+        assert_eq!(
+            after.next_action(seen, wall()),
+            Action::WaitUntil(seen + Duration::from_secs(15))
+        );
+        assert_eq!(after.release(wall()), None, "not its record to release");
+        // Once it has expired the successor takes it as a new term.
+        let Action::Replace(l) = after.next_action(seen + Duration::from_secs(15), wall()) else {
+            panic!("expected a takeover")
+        };
+        let (spec, previous) = (l.spec.unwrap(), record.spec.unwrap());
+        assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+        assert_eq!(
+            spec.lease_transitions,
+            Some(previous.lease_transitions.unwrap_or(0) + 1),
+            "a new term, not a renewal"
         );
     }
 
