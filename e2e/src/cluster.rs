@@ -78,7 +78,7 @@ replicaset-controller,namespace-controller,serviceaccount-controller";
 const NODE_CONTROLLERS: &str = ",node-lifecycle-controller,\
 root-ca-certificate-publisher-controller,endpointslice-controller,disruption-controller";
 /// The folder of a cluster's node, below the cluster's.
-const NODE_DIR: &str = "node";
+pub const NODE_DIR: &str = "node";
 
 impl Cluster {
     /// Starts etcd, kube-apiserver and kube-controller-manager; see the module invariants.

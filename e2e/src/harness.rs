@@ -28,6 +28,8 @@ pub struct Shared {
     /// The Jaeger that the API server (and traced operators) send spans to, when the test
     /// binary asked for tracing with [`setup_traced`].
     pub jaeger: Option<JaegerEndpoints>,
+    /// The real node's folder, when the test binary asked for one with [`setup_with_node`].
+    pub node_dir: Option<PathBuf>,
 }
 
 /// Where a Jaeger listens.
@@ -97,6 +99,19 @@ impl TestEnv {
 static CLUSTER: Mutex<Option<Cluster>> = Mutex::new(None);
 static JAEGER: Mutex<Option<Jaeger>> = Mutex::new(None);
 static TRACED: AtomicBool = AtomicBool::new(false);
+static WITH_NODE: AtomicBool = AtomicBool::new(false);
+
+/// Like [`setup`], but the shared control plane (if this call starts it) has a real node
+/// ([`crate::node`]), so Pods run. Every test of a binary that needs the node must use this.
+pub async fn setup_with_node(prefix: &str) -> Result<TestEnv> {
+    WITH_NODE.store(true, Ordering::SeqCst);
+    let env = setup(prefix).await?;
+    anyhow::ensure!(
+        env.shared.node_dir.is_some(),
+        "the shared cluster was started without a node"
+    );
+    Ok(env)
+}
 
 /// Like [`setup`], but the shared control plane (if this call starts it) comes with a Jaeger
 /// that kube-apiserver sends its spans to. Every test of a binary that needs tracing must
@@ -149,10 +164,12 @@ fn start() -> Result<Shared> {
             audit_log: None,
             server: String::new(),
             jaeger: None,
+            node_dir: None,
         });
     }
     let dir = std::env::temp_dir().join(format!("myresource-e2e-{}", std::process::id()));
     let traced = TRACED.load(Ordering::SeqCst);
+    let with_node = WITH_NODE.load(Ordering::SeqCst);
     let jaeger_dir = dir.with_extension("jaeger");
     let config = ClusterConfig {
         dir,
@@ -176,7 +193,12 @@ fn start() -> Result<Shared> {
                 } else {
                     None
                 };
-                anyhow::Ok((Cluster::start(config).await?, jaeger))
+                let cluster = if with_node {
+                    Cluster::start_with_node(config).await?
+                } else {
+                    Cluster::start(config).await?
+                };
+                anyhow::Ok((cluster, jaeger))
             })
     })
     .join()
@@ -189,6 +211,7 @@ fn start() -> Result<Shared> {
             otlp_grpc: j.otlp_grpc,
             api: j.api,
         }),
+        node_dir: with_node.then(|| cluster.dir.join(crate::cluster::NODE_DIR)),
     };
     *CLUSTER.lock().expect("cluster lock") = Some(cluster);
     *JAEGER.lock().expect("jaeger lock") = jaeger;

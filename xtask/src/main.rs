@@ -52,6 +52,13 @@ enum Task {
     /// Inject seeded faults into three replicas under a workload and check the invariants;
     /// writes target/chaos/report.{json,md} and timeline.svg.
     Chaos(chaos::ChaosArgs),
+    /// Build the operator's container image (as deploy/Dockerfile makes it) without Docker
+    /// and load it into the node of the cluster in DIR (`cluster up --node`); prints the
+    /// image reference on its last line.
+    Image {
+        #[arg(long, default_value_os_t = default_cluster_dir())]
+        dir: PathBuf,
+    },
     /// The demo: control plane, CRD, three replicas, the tutorial's example, a leader kill.
     Demo {
         /// Leave everything running and print how to reach it.
@@ -95,6 +102,20 @@ enum ClusterAction {
 enum ProbeStep {
     Runc,
     Kubelet,
+}
+
+/// `cargo xtask image`: build, load, and say what was loaded.
+fn image(dir: &Path) -> Result<()> {
+    let built = e2e::operator_image::build()?;
+    let archive = e2e::node::import_into(&dir.join(cluster::NODE_DIR), &built.image)?;
+    println!(
+        "loaded into the node in {}: binary {:.1} MiB, image archive {:.1} MiB",
+        dir.display(),
+        built.binary_bytes as f64 / 1048576.0,
+        archive as f64 / 1048576.0
+    );
+    println!("{}", built.image.reference);
+    Ok(())
 }
 
 fn workspace_root() -> PathBuf {
@@ -146,6 +167,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{report}");
             Ok(())
         }
+        Task::Image { dir } => image(&dir),
         Task::Test { cargo_args } => test(&cargo_args),
         Task::Chaos(args) => runtime.block_on(chaos::run(&workspace_root(), args)),
         // The ceiling's minimal client must be built like the operator it is compared with,

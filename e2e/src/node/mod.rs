@@ -131,11 +131,7 @@ impl Node {
 
     /// Writes `image` as a docker-archive under the node's folder and imports it.
     pub fn import(&self, image: &Image) -> Result<()> {
-        let dir = self.dir.join("images");
-        std::fs::create_dir_all(&dir)?;
-        let file = dir.join(format!("{}.tar", image.reference.replace(['/', ':'], "_")));
-        image.write_docker_archive(&file)?;
-        image::import(&self.bin.ctr, &self.runtime.socket, &file)
+        import_archive(&self.dir, &self.bin.ctr, &self.runtime.socket, image)
     }
 
     /// The sandbox image: the static pause binary, user 65535 as upstream's.
@@ -152,6 +148,36 @@ impl Node {
             user: "65535:65535".into(),
         })
     }
+}
+
+/// Imports `image` into the running node whose folder is `dir`, wherever its containerd was
+/// started (another process's `cluster up --node`); returns the archive's size in bytes.
+pub fn import_into(dir: &Path, image: &Image) -> Result<u64> {
+    let record: Record = serde_json::from_slice(
+        &std::fs::read(dir.join(RECORD))
+            .with_context(|| format!("no node in {} (cluster up --node)", dir.display()))?,
+    )?;
+    if !record.containerd_socket.exists() {
+        bail!(
+            "the node in {} is not running (no {})",
+            dir.display(),
+            record.containerd_socket.display()
+        );
+    }
+    import_archive(dir, &record.binaries.0, &record.containerd_socket, image)?;
+    Ok(std::fs::metadata(archive_path(dir, image))?.len())
+}
+
+fn archive_path(dir: &Path, image: &Image) -> PathBuf {
+    dir.join("images")
+        .join(format!("{}.tar", image.reference.replace(['/', ':'], "_")))
+}
+
+fn import_archive(dir: &Path, ctr: &Path, socket: &Path, image: &Image) -> Result<()> {
+    let file = archive_path(dir, image);
+    std::fs::create_dir_all(file.parent().expect("in images/"))?;
+    image.write_docker_archive(&file)?;
+    image::import(ctr, socket, &file)
 }
 
 fn write_record(dir: &Path, record: &Record) -> Result<()> {

@@ -1,0 +1,473 @@
+//! The chart as users run it, on a real node: the operator's image built here and loaded
+//! into the node, `helm install` with default values apart from the image, three Pods
+//! Running and Ready with exactly one leader, the tutorial's example reconciled in the
+//! `default` namespace with nothing but the chart's RBAC, the leader Pod deleted, the
+//! leader's container SIGKILLed from the host, a rolling `helm upgrade` without an
+//! overlapping write, and `helm uninstall` leaving no operator object behind.
+//!
+//! One test, in order: each step starts from the state the previous one left, as a user's
+//! session would. The Lease timings are the chart's defaults (15 s / 10 s / 2 s).
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::audit;
+use e2e::harness::{self, TestEnv};
+use e2e::operator::{http_get, workspace_root};
+use e2e::process::run;
+use e2e::wait::poll;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, Subject};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use myresource_operator::resource::MyResource;
+use serde_json::json;
+
+const RELEASE: &str = "mro";
+/// The chart's names for release `mro` (`<release>-<chart>`).
+const FULLNAME: &str = "mro-myresource-operator";
+const SELECTOR: &str = "app.kubernetes.io/instance=mro";
+const LEASE: &str = "myresource-operator";
+const EXAMPLE: &str = "example-myresource";
+/// A Pod's start (image present), caches synced, readiness probe passed: generous on 2 cores.
+const READY_WITHIN: Duration = Duration::from_secs(120);
+/// Lease duration + renew + slack, with the chart's default timings.
+const FAILOVER_WITHIN: Duration = Duration::from_secs(40);
+
+fn helm(env: &TestEnv) -> Result<Command> {
+    let mut cmd = Command::new(e2e::binaries::helm()?);
+    let home = std::env::temp_dir().join("myresource-e2e-helm");
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env("KUBECONFIG", &env.shared.kubeconfig)
+        .args(["--namespace", &env.namespace]);
+    Ok(cmd)
+}
+
+fn kubectl(env: &TestEnv) -> Result<Command> {
+    let mut cmd = Command::new(e2e::binaries::kubectl()?);
+    cmd.arg(format!("--kubeconfig={}", env.shared.kubeconfig.display()));
+    Ok(cmd)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_as_users_run_it() -> Result<()> {
+    let env = harness::setup_with_node("node").await?;
+    let node_dir = env.shared.node_dir.clone().context("a node")?;
+    let built = e2e::operator_image::build()?;
+    e2e::node::import_into(&node_dir, &built.image)?;
+    let (repository, tag) = built
+        .image
+        .reference
+        .rsplit_once(':')
+        .context("a tagged reference")?;
+
+    // 1. helm install: default values apart from the image.
+    let chart = workspace_root().join("charts/myresource-operator");
+    run(
+        helm(&env)?
+            .args(["install", RELEASE])
+            .arg(&chart)
+            .args(["--set", &format!("image.repository={repository}")])
+            .args(["--set", &format!("image.tag={tag}")])
+            .args(["--set", "image.pullPolicy=Never"]),
+        None,
+    )?;
+    let pods = wait_for_ready_pods(&env, 3).await?;
+    let leader = e2e::lease::wait_for_holder(&env.client, &env.namespace, None, READY_WITHIN)
+        .await
+        .context("a leader among the Pods")?;
+    ensure!(
+        pods.contains(&leader),
+        "the Lease names {leader}, not one of {pods:?}"
+    );
+    assert_one_leader_by_metrics(&env).await?;
+    let lease: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let owners = lease
+        .get(LEASE)
+        .await?
+        .metadata
+        .owner_references
+        .unwrap_or_default();
+    ensure!(
+        owners
+            .iter()
+            .any(|o| o.kind == "ServiceAccount" && o.name == FULLNAME),
+        "the Lease is owned by the chart's ServiceAccount (so uninstall removes it): {owners:?}"
+    );
+
+    // 2. The tutorial's example, in the default namespace.
+    run(
+        kubectl(&env)?.args(["apply", "-n", "default", "-f", "-"]),
+        Some(e2e::TUTORIAL_EXAMPLE),
+    )?;
+    wait_for_message(&env.client, "hello world").await?;
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), "default");
+    let mr = poll("the example's status", READY_WITHIN, || async {
+        let mr = mrs.get(EXAMPLE).await?;
+        let status = mr.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        Ok((ready && status.observed_generation == mr.metadata.generation).then_some(mr))
+    })
+    .await?;
+    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let about_example = |e: &Event| {
+        e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == mr.metadata.uid.as_deref()
+    };
+    let list = events.list(&ListParams::default()).await?;
+    ensure!(
+        list.items.iter().any(about_example),
+        "an Event about {EXAMPLE}"
+    );
+
+    // 3. The chart's RBAC is all the operator has: its requests carry the ServiceAccount's
+    //    token, none was refused, and no binding but the chart's names the account.
+    let account = format!("system:serviceaccount:{}:{FULLNAME}", env.namespace);
+    let log = audit::read(env.shared.audit_log.as_deref().context("an audit log")?)?;
+    let mine: Vec<_> = log.iter().filter(|e| e.replica().is_some()).collect();
+    ensure!(
+        !mine.is_empty(),
+        "the operator's requests are in the audit log"
+    );
+    let foreign: Vec<_> = mine.iter().filter(|e| e.user.username != account).collect();
+    ensure!(
+        foreign.is_empty(),
+        "requests not made as {account}: {foreign:?}"
+    );
+    let refused: Vec<_> = mine
+        .iter()
+        .filter(|e| e.response_status.as_ref().is_some_and(|s| s.code == 403))
+        .collect();
+    ensure!(refused.is_empty(), "requests refused by RBAC: {refused:?}");
+    assert_only_the_charts_bindings(&env.client, &env.namespace).await?;
+
+    // 4. kubectl delete pod of the leader: another Pod leads and reconciles a change made
+    //    after the delete.
+    let deleted_at = Instant::now();
+    run(
+        kubectl(&env)?.args([
+            "delete",
+            "pod",
+            "-n",
+            &env.namespace,
+            &leader,
+            "--wait=false",
+        ]),
+        None,
+    )?;
+    set_message(&env.client, "after the delete").await?;
+    let second =
+        e2e::lease::wait_for_holder(&env.client, &env.namespace, Some(&leader), FAILOVER_WITHIN)
+            .await?;
+    wait_for_message(&env.client, "after the delete").await?;
+    eprintln!(
+        "leader Pod {leader} deleted: {second} leads and reconciled the change in {:.2} s",
+        deleted_at.elapsed().as_secs_f64()
+    );
+
+    // 5. The leader's container process SIGKILLed from the host: another replica takes
+    //    over, and the kubelet restarts the container.
+    wait_for_ready_pods(&env, 3).await?;
+    let pid = container_pid(&second)?;
+    let restarts_before = restarts(&env.client, &env.namespace, &second).await?;
+    let killed_at = Instant::now();
+    // SAFETY: kill has no memory preconditions; the pid is the container's operator.
+    ensure!(
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0,
+        "kill {pid}"
+    );
+    let third =
+        e2e::lease::wait_for_holder(&env.client, &env.namespace, Some(&second), FAILOVER_WITHIN)
+            .await?;
+    eprintln!(
+        "leader container of {second} SIGKILLed: {third} leads after {:.2} s",
+        killed_at.elapsed().as_secs_f64()
+    );
+    poll(
+        "the kubelet to restart the killed container",
+        READY_WITHIN,
+        || async {
+            Ok(
+                (restarts(&env.client, &env.namespace, &second).await? > restarts_before)
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    wait_for_ready_pods(&env, 3).await?;
+    set_message(&env.client, "after the kill").await?;
+    wait_for_message(&env.client, "after the kill").await?;
+
+    // 6. helm upgrade with a new Pod template: the rollout completes, one leader at a time,
+    //    no overlapping write.
+    run(
+        helm(&env)?.args(["upgrade", RELEASE]).arg(&chart).args([
+            "--reuse-values",
+            "--set",
+            "podAnnotations.rollout=second",
+        ]),
+        None,
+    )?;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    poll(
+        "the rollout to complete",
+        Duration::from_secs(240),
+        || async {
+            let d = deployments.get(FULLNAME).await?;
+            let status = d.status.unwrap_or_default();
+            let done = status.observed_generation == d.metadata.generation
+                && status.updated_replicas == Some(3)
+                && status.ready_replicas == Some(3)
+                && status.available_replicas == Some(3)
+                && status.replicas == Some(3);
+            Ok(done.then_some(()))
+        },
+    )
+    .await?;
+    set_message(&env.client, "after the rollout").await?;
+    wait_for_message(&env.client, "after the rollout").await?;
+    assert_one_leader_by_metrics(&env).await?;
+    let log = audit::read(env.shared.audit_log.as_deref().context("an audit log")?)?;
+    let terms = audit::acquisitions(&log, &env.namespace, LEASE);
+    ensure!(terms.len() >= 3, "terms of the whole session: {terms:?}");
+    let overlapping = audit::overlapping_writes(&log, "default", &terms);
+    ensure!(
+        overlapping.is_empty(),
+        "writes by a replica that did not hold the Lease: {overlapping:#?}\nterms: {terms:#?}"
+    );
+
+    // 7. helm uninstall: no operator object is left (the Lease goes with its owner).
+    run(helm(&env)?.args(["uninstall", RELEASE, "--wait"]), None)?;
+    poll("every operator object to be gone", READY_WITHIN, || async {
+        let left = operator_objects(&env.client, &env.namespace).await?;
+        if !left.is_empty() {
+            eprintln!("still there: {left:?}");
+        }
+        Ok(left.is_empty().then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until the release's Deployment has `n` Pods, all Running and Ready; returns their
+/// names.
+async fn wait_for_ready_pods(env: &TestEnv, n: usize) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let params = ListParams::default().labels(SELECTOR);
+    poll(
+        &format!("{n} operator Pods Running and Ready"),
+        READY_WITHIN,
+        || async {
+            let list = pods.list(&params).await?;
+            let live: Vec<&Pod> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let ready = live.iter().all(|p| {
+                let status = p.status.as_ref();
+                status.and_then(|s| s.phase.as_deref()) == Some("Running")
+                    && status
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+            });
+            Ok((live.len() == n && ready).then(|| live.iter().map(|p| p.name_any()).collect()))
+        },
+    )
+    .await
+}
+
+/// Every live Pod's `/metrics`, read over the Pod network: exactly one reports leading.
+async fn assert_one_leader_by_metrics(env: &TestEnv) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let list = pods.list(&ListParams::default().labels(SELECTOR)).await?;
+    let series = format!("leader_election_master_status{{name=\"{LEASE}\"}} 1");
+    let mut leading = Vec::new();
+    for pod in list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .context("a Pod IP")?;
+        let addr = SocketAddr::new(ip.parse()?, 8080);
+        let (code, body) = http_get(addr, "/metrics").await?;
+        ensure!(code == 200, "{}: /metrics answered {code}", pod.name_any());
+        if body.lines().any(|l| l == series) {
+            leading.push(pod.name_any());
+        }
+    }
+    ensure!(leading.len() == 1, "Pods reporting leadership: {leading:?}");
+    Ok(())
+}
+
+async fn set_message(client: &Client, message: &str) -> Result<()> {
+    let mrs: Api<MyResource> = Api::namespaced(client.clone(), "default");
+    let patch = json!({"spec": {"message": message}});
+    mrs.patch(EXAMPLE, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Waits until the example's ConfigMap carries `message`.
+async fn wait_for_message(client: &Client, message: &str) -> Result<()> {
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    poll(
+        &format!("the ConfigMap to say {message:?}"),
+        FAILOVER_WITHIN,
+        || async {
+            let cm = configmaps.get_opt(EXAMPLE).await?;
+            let data = cm.and_then(|c| c.data).unwrap_or_default();
+            Ok(data.values().any(|v| v == message).then_some(()))
+        },
+    )
+    .await
+}
+
+async fn restarts(client: &Client, namespace: &str, pod: &str) -> Result<i32> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = pods.get(pod).await?;
+    Ok(pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.restart_count)
+        .sum())
+}
+
+/// The host pid of the operator running in Pod `pod` (found by its command line and the
+/// `POD_NAME` the chart gives it).
+fn container_pid(pod: &str) -> Result<u32> {
+    let wanted = format!("POD_NAME={pod}");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if !cmdline.starts_with(b"/myresource-operator\0") {
+            continue;
+        }
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if environ.split(|&b| b == 0).any(|v| v == wanted.as_bytes()) {
+            found.push(pid);
+        }
+    }
+    match found.as_slice() {
+        [pid] => Ok(*pid),
+        other => bail!("processes of Pod {pod}: {other:?}"),
+    }
+}
+
+/// Every binding that names a ServiceAccount of `namespace` is the chart's.
+async fn assert_only_the_charts_bindings(client: &Client, namespace: &str) -> Result<()> {
+    let names_account = |subjects: &Option<Vec<Subject>>| {
+        subjects
+            .iter()
+            .flatten()
+            .any(|s| s.kind == "ServiceAccount" && s.namespace.as_deref() == Some(namespace))
+    };
+    let cluster: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let mut bindings: Vec<String> = cluster
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|b| names_account(&b.subjects))
+        .map(|b| format!("ClusterRoleBinding/{}", b.name_any()))
+        .collect();
+    let namespaced: Api<RoleBinding> = Api::all(client.clone());
+    bindings.extend(
+        namespaced
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|b| names_account(&b.subjects))
+            .map(|b| {
+                format!(
+                    "RoleBinding/{}/{}",
+                    b.namespace().unwrap_or_default(),
+                    b.name_any()
+                )
+            }),
+    );
+    bindings.sort();
+    let want = vec![
+        format!("ClusterRoleBinding/{FULLNAME}"),
+        format!("RoleBinding/{namespace}/{FULLNAME}-leader-election"),
+    ];
+    ensure!(
+        bindings == want,
+        "bindings naming the operator's account: {bindings:?}"
+    );
+    Ok(())
+}
+
+/// What of the release is left: Deployment, Pods, ServiceAccount, RBAC, Service, PDB, Lease.
+async fn operator_objects(client: &Client, namespace: &str) -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    let params = ListParams::default().labels(SELECTOR);
+    macro_rules! namespaced {
+        ($kind:ty, $name:literal) => {
+            let api: Api<$kind> = Api::namespaced(client.clone(), namespace);
+            left.extend(
+                api.list(&params)
+                    .await?
+                    .items
+                    .iter()
+                    .map(|o| format!("{}/{}", $name, o.name_any())),
+            );
+        };
+    }
+    namespaced!(Deployment, "Deployment");
+    namespaced!(Pod, "Pod");
+    namespaced!(ServiceAccount, "ServiceAccount");
+    namespaced!(Role, "Role");
+    namespaced!(RoleBinding, "RoleBinding");
+    namespaced!(Service, "Service");
+    namespaced!(PodDisruptionBudget, "PodDisruptionBudget");
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    left.extend(
+        roles
+            .list(&params)
+            .await?
+            .items
+            .iter()
+            .map(|o| format!("ClusterRole/{}", o.name_any())),
+    );
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    left.extend(
+        bindings
+            .list(&params)
+            .await?
+            .items
+            .iter()
+            .map(|o| format!("ClusterRoleBinding/{}", o.name_any())),
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    if leases.get_opt(LEASE).await?.is_some() {
+        left.push(format!("Lease/{LEASE}"));
+    }
+    Ok(left)
+}
