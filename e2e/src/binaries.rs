@@ -88,12 +88,16 @@ pub fn cache_root() -> PathBuf {
     if let Some(dir) = std::env::var_os("MYRESOURCE_OPERATOR_CACHE") {
         return PathBuf::from(dir);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    user_cache().join("myresource-operator")
+}
+
+/// `$XDG_CACHE_HOME`, else `~/.cache`.
+pub fn user_cache() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".cache")
-        });
-    base.join("myresource-operator")
+        })
 }
 
 /// The folder every control-plane binary of this project lives in (used to find leftovers).

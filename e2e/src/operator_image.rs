@@ -8,8 +8,12 @@
 //! checked to ask for no dynamic loader. (A static glibc cannot load NSS modules: names
 //! resolve through `/etc/hosts` and DNS only, which is all a Pod has anyway.)
 //!
-//! The static build has its own target folder in the cache root (its flags differ from
-//! every other build's), so clones and CI runs on this machine reuse its dependencies.
+//! The static build has its own cargo target folder (its flags differ from every other
+//! build's) outside the clone, `~/.cache/myresource-operator-build/image-target` (or under
+//! `$XDG_CACHE_HOME`), so clones and CI runs on this machine reuse its compiled
+//! dependencies. Like Go's build cache, it is a build product, not a binary: it is kept
+//! when `MYRESOURCE_OPERATOR_CACHE` points the binaries elsewhere (the first-use check),
+//! and may be removed at any time.
 //! The tag carries the binary's digest: a rebuilt binary is a new image, never a stale one
 //! the node already holds.
 
@@ -18,7 +22,6 @@ use std::process::Command;
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::binaries::cache_root;
 use crate::node::image::{Image, ImageFile};
 use crate::operator::workspace_root;
 
@@ -96,7 +99,9 @@ pub fn build() -> Result<OperatorImage> {
 
 /// `cargo build --release` of the operator, glibc linked statically.
 fn static_binary() -> Result<PathBuf> {
-    let target_dir = cache_root().join("image-target");
+    let target_dir = crate::binaries::user_cache()
+        .join("myresource-operator-build")
+        .join("image-target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(workspace_root())

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use e2e::audit;
 use e2e::harness::{self, TestEnv};
 use e2e::operator::{http_get, workspace_root};
@@ -178,7 +178,7 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     // 5. The leader's container process SIGKILLed from the host: another replica takes
     //    over, and the kubelet restarts the container.
     wait_for_ready_pods(&env, 3).await?;
-    let pid = container_pid(&second)?;
+    let pid = e2e::node::pod_process(&second, "/myresource-operator")?;
     let restarts_before = restarts(&env.client, &env.namespace, &second).await?;
     let killed_at = Instant::now();
     // SAFETY: kill has no memory preconditions; the pid is the container's operator.
@@ -349,34 +349,6 @@ async fn restarts(client: &Client, namespace: &str, pod: &str) -> Result<i32> {
         .iter()
         .map(|c| c.restart_count)
         .sum())
-}
-
-/// The host pid of the operator running in Pod `pod` (found by its command line and the
-/// `POD_NAME` the chart gives it).
-fn container_pid(pod: &str) -> Result<u32> {
-    let wanted = format!("POD_NAME={pod}");
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if !cmdline.starts_with(b"/myresource-operator\0") {
-            continue;
-        }
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if environ.split(|&b| b == 0).any(|v| v == wanted.as_bytes()) {
-            found.push(pid);
-        }
-    }
-    match found.as_slice() {
-        [pid] => Ok(*pid),
-        other => bail!("processes of Pod {pod}: {other:?}"),
-    }
 }
 
 /// Every binding that names a ServiceAccount of `namespace` is the chart's.

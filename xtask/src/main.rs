@@ -59,11 +59,15 @@ enum Task {
         #[arg(long, default_value_os_t = default_cluster_dir())]
         dir: PathBuf,
     },
-    /// The demo: control plane, CRD, three replicas, the tutorial's example, a leader kill.
+    /// The demo: a cluster with a node, the image, `helm install` of three replicas, the
+    /// tutorial's example, the leader Pod deleted and the next leader's process killed.
     Demo {
         /// Leave everything running and print how to reach it.
         #[arg(long)]
         keep: bool,
+        /// Without a node: the replicas as processes beside the control plane.
+        #[arg(long)]
+        processes: bool,
     },
 }
 
@@ -174,7 +178,9 @@ fn run(cli: Cli) -> Result<()> {
         // or its own CPU use on 2 cores lowers the ceiling.
         Task::Bench(_) if cfg!(debug_assertions) => release_self(),
         Task::Bench(args) => runtime.block_on(bench::run(&workspace_root(), args)),
-        Task::Demo { keep } => runtime.block_on(demo::run(&workspace_root(), keep)),
+        Task::Demo { keep, processes } => {
+            runtime.block_on(demo::run(&workspace_root(), keep, processes))
+        }
     }
 }
 

@@ -168,6 +168,36 @@ pub fn import_into(dir: &Path, image: &Image) -> Result<u64> {
     Ok(std::fs::metadata(archive_path(dir, image))?.len())
 }
 
+/// The host pid of the process `program` (its first argument) running in the Pod named
+/// `pod`, found by the `POD_NAME` its environment carries (the chart sets it): what a user
+/// on the node would SIGKILL.
+pub fn pod_process(pod: &str, program: &str) -> Result<u32> {
+    let wanted = format!("POD_NAME={pod}");
+    let argv0 = format!("{program}\0");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if !cmdline.starts_with(argv0.as_bytes()) {
+            continue;
+        }
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if environ.split(|&b| b == 0).any(|v| v == wanted.as_bytes()) {
+            found.push(pid);
+        }
+    }
+    match found.as_slice() {
+        [pid] => Ok(*pid),
+        other => bail!("processes {program} of Pod {pod}: {other:?}"),
+    }
+}
+
 fn archive_path(dir: &Path, image: &Image) -> PathBuf {
     dir.join("images")
         .join(format!("{}.tar", image.reference.replace(['/', ':'], "_")))

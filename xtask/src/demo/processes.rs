@@ -1,19 +1,20 @@
-//! `cargo xtask demo`: the main job end to end, narrated.
+//! `cargo xtask demo --processes`: the demo without a node, the replicas as processes.
 //!
 //! A local control plane, the CRD, three replicas, the tutorial's example and a few labelled
-//! Pods, `kubectl get myr`, who leads; then the leader is killed with SIGKILL and the demo
-//! shows the new leader, the reconcile that followed and the measured failover time.
+//! Pods (objects only: nothing runs them), `kubectl get myr`, who leads; then the leader is
+//! killed with SIGKILL and the demo shows the new leader, the reconcile that followed and
+//! the measured failover time.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use e2e::cluster::{Cluster, ClusterConfig};
 use e2e::lease::{self, wait_for_holder};
 use e2e::process::Lifetime;
-use kube::{Api, Client};
-use myresource_operator::resource::MyResource;
+
+use super::{Kubectl, require_program, step, wait_for};
 
 const REPLICAS: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
 
@@ -218,81 +219,4 @@ async fn demo(
         started.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// Fails unless `path` is an executable file.
-fn require_program(name: &str, path: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable =
-        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if !executable {
-        bail!(
-            "the demo needs {name}, and {} is not an executable file (binaries cache: {})",
-            path.display(),
-            e2e::binaries::controlplane_cache().display()
-        );
-    }
-    Ok(())
-}
-
-fn step(text: &str) {
-    println!("==> {text}");
-}
-
-struct Kubectl {
-    path: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&self.path);
-        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .args(args);
-        cmd
-    }
-
-    /// Runs quietly; fails with kubectl's stderr.
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<()> {
-        e2e::process::run(&mut self.command(args), stdin).map(|_| ())
-    }
-
-    /// Runs with its output shown, indented.
-    fn show(&self, args: &[&str]) -> Result<()> {
-        for line in e2e::process::run(&mut self.command(args), None)?.lines() {
-            println!("    {line}");
-        }
-        Ok(())
-    }
-
-    /// The example's ConfigMap data.
-    fn show_configmap(&self) -> Result<()> {
-        self.show(&[
-            "get",
-            "configmap",
-            "example-myresource",
-            "-o",
-            "jsonpath={.data}{\"\\n\"}",
-        ])
-    }
-}
-
-async fn wait_for(
-    client: &Client,
-    limit: Duration,
-    done: impl Fn(&MyResource) -> bool,
-) -> Result<()> {
-    let mrs: Api<MyResource> = Api::namespaced(client.clone(), "default");
-    e2e::wait::poll("the example to be reconciled", limit, || {
-        let mrs = mrs.clone();
-        let done = &done;
-        async move {
-            Ok(mrs
-                .get_opt("example-myresource")
-                .await?
-                .filter(|m| done(m))
-                .map(|_| ()))
-        }
-    })
-    .await
 }

@@ -1,0 +1,307 @@
+//! `cargo xtask demo`: the users' path on a real node.
+//!
+//! A local cluster with a node, the operator's image built here and loaded into it,
+//! `helm install` of the chart (three replicas, default values apart from the image), the
+//! tutorial's example and three labelled Pods that really run (two Ready), `kubectl get
+//! myr,pods`, the ConfigMap and who leads; then `kubectl delete pod` of the leader, and a
+//! SIGKILL of the next leader's process from the host, each failover shown with its
+//! measured time (Lease timings: the chart's defaults, 15 s / 10 s / 2 s).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use e2e::lease::wait_for_holder;
+use e2e::operator_image::OperatorImage;
+use e2e::process::Lifetime;
+
+use super::{Kubectl, require_program, step, wait_for};
+
+/// Where the chart is installed (and so where its Lease lives).
+const NAMESPACE: &str = "myresource-system";
+const RELEASE: &str = "myresource-operator";
+const READY_WITHIN: Duration = Duration::from_secs(120);
+
+pub async fn run(root: &Path, keep: bool) -> Result<()> {
+    let started = Instant::now();
+    let dir = root.join("target").join("demo");
+    step("building the operator's image and finding (or building) the cluster's programs");
+    let image = e2e::operator_image::build()?;
+    let control_plane = e2e::binaries::ensure()?;
+    let node = e2e::binaries::node()?;
+    let kubectl = e2e::binaries::kubectl()?;
+    let helm = e2e::binaries::helm()?;
+    // Everything the demo runs later, checked now: a program missing from the binaries
+    // cache must fail here, by name, not halfway through the demo.
+    for (name, path) in [
+        ("etcd", &control_plane.etcd),
+        ("kube-apiserver", &control_plane.kube_apiserver),
+        (
+            "kube-controller-manager",
+            &control_plane.kube_controller_manager,
+        ),
+        ("kube-scheduler", &node.kube_scheduler),
+        ("kubelet", &node.kubelet),
+        ("kube-proxy", &node.kube_proxy),
+        ("containerd", &node.containerd),
+        ("ctr", &node.ctr),
+        ("runc", &node.runc),
+        ("kubectl", &kubectl),
+        ("helm", &helm),
+    ] {
+        require_program(name, path)?;
+    }
+    println!(
+        "    image {} (binary {:.1} MiB)",
+        image.image.reference,
+        image.binary_bytes as f64 / 1_048_576.0
+    );
+    step(&format!(
+        "starting a local cluster with a node in {} (containerd, runc, kubelet, kube-proxy, \
+         kube-scheduler, a CNI bridge)",
+        dir.display()
+    ));
+    let mut cluster = Cluster::start_with_node(ClusterConfig {
+        dir,
+        otlp_endpoint: None,
+        lifetime: if keep {
+            Lifetime::Detached
+        } else {
+            Lifetime::TiedToThisProcess
+        },
+        crds: Vec::new(),
+    })
+    .await
+    .context(
+        "the node could not start on this machine (it needs root, cgroups, iptables and a \
+         bridge); `cargo xtask demo --processes` runs the replicas as processes instead",
+    )?;
+    let result = demo(&mut cluster, root, &image, &helm, &kubectl, started).await;
+    if result.is_ok() && keep {
+        println!("\nLeft running. Try:");
+        println!("  export KUBECONFIG={}", cluster.kubeconfig.display());
+        println!("  {} get myr,pods -A", kubectl.display());
+        println!(
+            "  {} logs -n {NAMESPACE} -l app.kubernetes.io/instance={RELEASE}",
+            kubectl.display()
+        );
+        println!(
+            "Stop it all (node included): cargo xtask cluster down --dir {}",
+            cluster.dir.display()
+        );
+        return Ok(());
+    }
+    step("cleaning up (the node too)");
+    cluster.stop();
+    result
+}
+
+async fn demo(
+    cluster: &mut Cluster,
+    root: &Path,
+    image: &OperatorImage,
+    helm: &Path,
+    kubectl: &Path,
+    started: Instant,
+) -> Result<()> {
+    let kc = Kubectl {
+        path: kubectl.to_path_buf(),
+        kubeconfig: cluster.kubeconfig.clone(),
+    };
+    println!(
+        "    node Ready, API server at {} ({:.1} s so far)",
+        cluster.server,
+        started.elapsed().as_secs_f64()
+    );
+    step("loading the image into the node (no registry: ctr images import)");
+    e2e::node::import_into(&cluster.dir.join(NODE_DIR), &image.image)?;
+
+    let (repository, tag) = image
+        .image
+        .reference
+        .rsplit_once(':')
+        .context("a tagged image")?;
+    step(&format!(
+        "helm install {RELEASE} charts/myresource-operator -n {NAMESPACE} --create-namespace \
+         --set image.repository={repository} --set image.tag={tag} --set image.pullPolicy=Never"
+    ));
+    e2e::process::run(
+        Command::new(helm)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("HELM_CACHE_HOME", cluster.dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", cluster.dir.join("helm/config"))
+            .env("HELM_DATA_HOME", cluster.dir.join("helm/data"))
+            .args(["install", RELEASE])
+            .arg(root.join("charts/myresource-operator"))
+            .args(["--namespace", NAMESPACE, "--create-namespace"])
+            .args(["--set", &format!("image.repository={repository}")])
+            .args(["--set", &format!("image.tag={tag}")])
+            .args(["--set", "image.pullPolicy=Never"]),
+        None,
+    )?;
+    let client = cluster.client().await?;
+    let installed = Instant::now();
+    kc.run(
+        &[
+            "rollout",
+            "status",
+            "-n",
+            NAMESPACE,
+            &format!("deployment/{RELEASE}"),
+            "--timeout=120s",
+        ],
+        None,
+    )?;
+    let leader = wait_for_holder(&client, NAMESPACE, None, READY_WITHIN).await?;
+    println!(
+        "    three Pods Ready {:.1} s after the install; {leader} leads",
+        installed.elapsed().as_secs_f64()
+    );
+
+    step("applying the tutorial's example and three labelled Pods that run (one never Ready)");
+    kc.run(&["apply", "-f", "-"], Some(e2e::TUTORIAL_EXAMPLE))?;
+    for i in 0..3 {
+        kc.run(&["apply", "-f", "-"], Some(&app_pod(i, i < 2)))?;
+    }
+    wait_for(&client, READY_WITHIN, |mr| {
+        mr.status
+            .as_ref()
+            .and_then(|s| s.pods)
+            .is_some_and(|p| p.total == 3 && p.ready == 2)
+    })
+    .await?;
+    step("kubectl get myr,pods -A");
+    kc.show(&["get", "myr,pods", "-A", "-o", "wide"])?;
+    step("kubectl get configmap example-myresource (owned by the MyResource)");
+    kc.show_configmap()?;
+    step("who leads");
+    show_leader(&kc)?;
+
+    step(&format!(
+        "kubectl delete pod {leader} (the leader), then changing the spec"
+    ));
+    let second = failover(&kc, cluster, &leader, "after the delete", |kc| {
+        kc.run(
+            &["delete", "pod", "-n", NAMESPACE, &leader, "--wait=false"],
+            None,
+        )
+    })
+    .await?;
+
+    step(&format!(
+        "SIGKILL of {second}'s process from the host (the new leader), then changing the spec"
+    ));
+    let pid = e2e::node::pod_process(&second, "/myresource-operator")?;
+    println!("    pid {pid} on the host is /myresource-operator in Pod {second}");
+    let third = failover(&kc, cluster, &second, "after the kill", |_| {
+        // SAFETY: kill has no memory preconditions; the pid was just found.
+        if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("kill");
+        }
+        Ok(())
+    })
+    .await?;
+    step(&format!(
+        "the kubelet restarted {second}'s container; {third} leads"
+    ));
+    kc.run(
+        &[
+            "wait",
+            "-n",
+            NAMESPACE,
+            "--for=condition=Ready",
+            &format!("pod/{second}"),
+            "--timeout=120s",
+        ],
+        None,
+    )?;
+    kc.show(&["get", "pods", "-n", NAMESPACE])?;
+    show_leader(&kc)?;
+    kc.show(&["get", "myr"])?;
+    kc.show_configmap()?;
+    println!(
+        "\ndemo finished in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Makes the leader `leader` go with `fault`, changes the example's message right after,
+/// and shows who took over and when the change was reconciled; returns the new leader.
+async fn failover(
+    kc: &Kubectl,
+    cluster: &Cluster,
+    leader: &str,
+    message: &str,
+    fault: impl FnOnce(&Kubectl) -> Result<()>,
+) -> Result<String> {
+    let client = cluster.client().await?;
+    let at = Instant::now();
+    fault(kc)?;
+    let patch = format!(r#"{{"spec":{{"message":"{message}"}}}}"#);
+    kc.run(
+        &[
+            "patch",
+            "myr/example-myresource",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+        None,
+    )?;
+    let next = wait_for_holder(&client, NAMESPACE, Some(leader), Duration::from_secs(60)).await?;
+    let took_over = at.elapsed();
+    wait_for(&client, Duration::from_secs(60), |mr| {
+        mr.spec.message == message
+            && mr.status.as_ref().and_then(|s| s.observed_generation) == mr.metadata.generation
+    })
+    .await?;
+    println!(
+        "    {next} took over {:.1} s after it; the change made after it was reconciled {:.1} s \
+         after it",
+        took_over.as_secs_f64(),
+        at.elapsed().as_secs_f64()
+    );
+    Ok(next)
+}
+
+fn show_leader(kc: &Kubectl) -> Result<()> {
+    kc.show(&[
+        "get",
+        "lease",
+        "-n",
+        NAMESPACE,
+        e2e::lease::NAME,
+        "-o",
+        "custom-columns=HOLDER:.spec.holderIdentity,TRANSITIONS:.spec.leaseTransitions",
+    ])
+}
+
+/// A Pod of the example's "application": the node's probe image waiting for a signal,
+/// Ready unless its readiness probe asks a port nothing listens on.
+fn app_pod(i: usize, ready: bool) -> String {
+    let probe = if ready {
+        String::new()
+    } else {
+        "\n    readinessProbe:\n      tcpSocket:\n        port: 9\n      periodSeconds: 2".into()
+    };
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: demo-pod-{i}
+  labels:
+    trstringer.com/myresource: example-myresource
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    args: [info-and-wait]{probe}
+",
+        image = e2e::node::probe::PROBE_IMAGE
+    )
+}
