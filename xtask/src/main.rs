@@ -10,7 +10,10 @@
 //!   `target/bench/report.{json,md}`; xtask reruns itself from a release build for it;
 //! - `chaos`: seeded faults against three replicas under a workload, with the invariants
 //!   checked; writes `target/chaos/report.{json,md}` and `timeline.svg`;
-//! - `demo`: the main job end to end.
+//! - `image [--dir DIR]`: the operator's container image, built without Docker and loaded
+//!   into the node of the cluster in DIR; prints the image reference last;
+//! - `demo [--processes]`: the main job end to end, on a real node with the chart (or, with
+//!   `--processes`, the replicas as processes beside a node-less control plane).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
