@@ -52,15 +52,19 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
+use crate::crash::{self, Exit};
+use crate::holder_pod::HolderPod;
 use crate::leadership::{Leadership, Transition};
 use crate::metrics::Metrics;
+use crate::pod::PodInfo;
 use crate::throttle::{Throttle, Verdict};
 
 /// Lease timings.
@@ -123,12 +127,19 @@ struct Observation {
     /// Monotonic time of the first observation of this record (not of this
     /// resourceVersion: metadata-only writes do not restart the clock).
     since: Instant,
+    /// The holder Pod's uid, as the Lease's [`crash::HOLDER_UID`] annotation names it.
+    holder_uid: Option<String>,
 }
 
 impl Observation {
     fn holder(&self) -> &str {
         holder_of(&self.spec)
     }
+}
+
+/// The holder Pod's uid a Lease is annotated with.
+fn holder_uid_of(lease: &Lease) -> Option<String> {
+    lease.annotations().get(crash::HOLDER_UID).cloned()
 }
 
 /// The holder a record names ("" when released or cleared).
@@ -174,8 +185,11 @@ pub struct Elector {
     blind: bool,
     /// Start of the last successful acquire or renew, while leading.
     renewed_at: Option<Instant>,
-    /// The owner written into the Lease (see [`crate::owner`]).
-    owner: Option<OwnerReference>,
+    /// This replica's Pod (see [`crate::pod`]): its ServiceAccount owns the Lease, its uid
+    /// is written on it.
+    pod: Option<PodInfo>,
+    /// A record whose term is proven over: its holder's process exited ([`crash`]).
+    exited: Option<LeaseSpec>,
     /// Whether this process has held the Lease. A record naming our identity that this
     /// process never wrote is a previous process's (a container restarted in the same Pod):
     /// it is someone else's until it expires, as its writes may still be in flight.
@@ -194,16 +208,31 @@ impl Elector {
             vanished_until: None,
             blind: false,
             renewed_at: None,
-            owner: None,
+            pod: None,
+            exited: None,
             held: false,
         }
     }
 
-    /// Writes `owner` into every Lease this elector creates or replaces, so that the
-    /// Lease goes when its owner goes.
-    pub fn owned_by(mut self, owner: Option<OwnerReference>) -> Self {
-        self.owner = owner;
+    /// The Pod this replica runs in, if any: every Lease it writes is then owned by the
+    /// Pod's ServiceAccount (so it goes with the release) and names the Pod's uid (so
+    /// followers can match the holder's Pod, see [`crash`]).
+    pub fn in_pod(mut self, pod: Option<PodInfo>) -> Self {
+        self.pod = pod;
         self
+    }
+
+    /// Records what the holder's Pod reports; returns how its process was proven to have
+    /// ended, if it was (the current record's term can then be taken at once).
+    /// Says so once per record.
+    pub fn observe_holder_pod(&mut self, pod: &Pod) -> Option<Exit> {
+        let obs = self.observed.as_ref()?;
+        if self.exited.as_ref() == Some(&obs.spec) {
+            return None;
+        }
+        let exit = crash::exited(&obs.spec, obs.holder_uid.as_deref(), pod)?;
+        self.exited = Some(obs.spec.clone());
+        Some(exit)
     }
 
     pub fn identity(&self) -> &str {
@@ -252,10 +281,12 @@ impl Elector {
         let blind = std::mem::take(&mut self.blind);
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
+        let holder_uid = holder_uid_of(lease);
         if let Some(obs) = self.observed.as_mut().filter(|o| o.spec == spec) {
             // The same record (perhaps relabelled): only the resourceVersion moves on,
             // unless we could not look for a while.
             obs.resource_version = rv;
+            obs.holder_uid = holder_uid;
             if blind && obs.holder() != self.identity {
                 obs.since = now;
             }
@@ -275,6 +306,7 @@ impl Elector {
             resource_version: rv,
             spec,
             since: now,
+            holder_uid,
         });
     }
 
@@ -327,7 +359,8 @@ impl Elector {
             return Action::WaitUntil(now);
         };
         let mine = self.is_ours(obs);
-        let takeable = if obs.holder().is_empty() {
+        let ended = self.exited.as_ref() == Some(&obs.spec);
+        let takeable = if obs.holder().is_empty() || ended {
             now
         } else {
             self.expiry_of(obs)
@@ -379,7 +412,13 @@ impl Elector {
                 name: Some(self.name.clone()),
                 namespace: Some(self.namespace.clone()),
                 resource_version,
-                owner_references: self.owner.clone().map(|owner| vec![owner]),
+                owner_references: self
+                    .pod
+                    .as_ref()
+                    .map(|pod| vec![pod.service_account.clone()]),
+                annotations: self.pod.as_ref().map(|pod| {
+                    std::collections::BTreeMap::from([(crash::HOLDER_UID.into(), pod.uid.clone())])
+                }),
                 ..Default::default()
             },
             spec: Some(spec),
@@ -402,6 +441,7 @@ impl Elector {
             resource_version: written.resource_version().unwrap_or_default(),
             spec: written.spec.clone().unwrap_or_default(),
             since: started,
+            holder_uid: holder_uid_of(written),
         });
         self.renewed_at = Some(started);
         !was_leader
@@ -441,6 +481,18 @@ fn random_fraction() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// Resolves when `pod` sees a change; never without a receiver.
+async fn changed(pod: Option<tokio::sync::watch::Receiver<Option<Arc<Pod>>>>) {
+    match pod {
+        Some(mut pod) => {
+            if pod.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// How often a repeating failure is logged.
 const LOG_EVERY: Duration = Duration::from_secs(30);
 
@@ -451,6 +503,9 @@ pub struct Driver {
     pub elector: Elector,
     pub leadership: Leadership,
     pub metrics: Arc<Metrics>,
+    /// The holder's Pod, watched while following (in a Pod only): a proven crash is taken
+    /// over at once.
+    pub holder_pod: Option<HolderPod>,
 }
 
 impl Driver {
@@ -487,17 +542,22 @@ impl Driver {
                 }
                 match self.read().await {
                     Err(err) => Err(err),
-                    Ok(()) => match self.elector.next_action(Instant::now(), Timestamp::now()) {
-                        Action::WaitUntil(until) => {
-                            let retry = Instant::now() + self.elector.timings().retry_period;
-                            tokio::select! {
-                                _ = shutdown.cancelled() => break,
-                                _ = self.watch_until(until.min(retry).max(Instant::now())) => {}
+                    Ok(()) => {
+                        let holder_pod = self.follow_holder();
+                        match self.elector.next_action(Instant::now(), Timestamp::now()) {
+                            Action::WaitUntil(until) => {
+                                let retry = Instant::now() + self.elector.timings().retry_period;
+                                let until = until.min(retry).max(Instant::now());
+                                tokio::select! {
+                                    _ = shutdown.cancelled() => break,
+                                    _ = self.watch_until(until) => {}
+                                    _ = changed(holder_pod) => {}
+                                }
+                                Ok(())
                             }
-                            Ok(())
+                            _ => self.attempt(false).await,
                         }
-                        _ => self.attempt(false).await,
-                    },
+                    }
                 }
             };
             match outcome {
@@ -516,6 +576,23 @@ impl Driver {
             }
         }
         self.release().await;
+    }
+
+    /// Points the holder-Pod watch at the current holder and records what it last saw;
+    /// returns what wakes on the Pod's next change (`None` outside a Pod).
+    fn follow_holder(&mut self) -> Option<tokio::sync::watch::Receiver<Option<Arc<Pod>>>> {
+        let watch = self.holder_pod.as_ref()?;
+        let holder = self.elector.holder().to_string();
+        watch.follow(&holder);
+        let (pod, next) = watch.current();
+        if let Some(exit) = pod.and_then(|pod| self.elector.observe_holder_pod(&pod)) {
+            info!(
+                holder,
+                exit = exit.as_str(),
+                "the holder's process has exited (its Pod says so): taking over without waiting for the lease"
+            );
+        }
+        Some(next)
     }
 
     /// GETs the Lease and records it.
@@ -784,34 +861,87 @@ mod tests {
     }
 
     #[test]
-    fn every_lease_written_names_the_owner() {
-        let owner = OwnerReference {
-            api_version: "v1".into(),
-            kind: "ServiceAccount".into(),
-            name: "sa".into(),
-            uid: "u".into(),
-            ..Default::default()
+    fn every_lease_written_names_the_owner_and_the_pod() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let pod = PodInfo {
+            service_account: OwnerReference {
+                api_version: "v1".into(),
+                kind: "ServiceAccount".into(),
+                name: "sa".into(),
+                uid: "u".into(),
+                ..Default::default()
+            },
+            uid: "pod-uid".into(),
         };
-        let mut e = Elector::new("me", "l", "ns", timings()).owned_by(Some(owner.clone()));
+        let mut e = Elector::new("me", "l", "ns", timings()).in_pod(Some(pod.clone()));
         let t = Instant::now();
         e.observe_absent();
         let created = e.next_action(t, wall());
         let Action::Create(l) = &created else {
             panic!("{created:?}")
         };
-        assert_eq!(l.metadata.owner_references, Some(vec![owner.clone()]));
+        let owners = Some(vec![pod.service_account.clone()]);
+        assert_eq!(l.metadata.owner_references, owners);
+        assert_eq!(holder_uid_of(l).as_deref(), Some("pod-uid"));
         e.succeeded(&written(created, "1"), t);
         let Action::Replace(l) = e.next_action(t + Duration::from_secs(2), wall()) else {
             panic!("expected a renewal")
         };
-        assert_eq!(l.metadata.owner_references, Some(vec![owner]));
-        let plain = Elector::new("me", "l", "ns", timings());
+        assert_eq!(l.metadata.owner_references, owners);
+        assert_eq!(holder_uid_of(&l).as_deref(), Some("pod-uid"));
+        let plain = Elector::new("me", "l", "ns", timings()).lease(LeaseSpec::default(), None);
+        assert_eq!(plain.metadata.owner_references, None);
+        assert_eq!(holder_uid_of(&plain), None);
+    }
+
+    /// Issue 16: a follower takes over at once when the holder's Pod proves its process
+    /// exited, and only then.
+    #[test]
+    fn a_proven_crash_is_taken_over_at_once() {
+        let t = Instant::now();
+        let mut leader = Elector::new("p", "l", "ns", timings()).in_pod(Some(PodInfo {
+            service_account: Default::default(),
+            uid: "u".into(),
+        }));
+        leader.observe_absent();
+        let record = written(leader.next_action(t, wall()), "1");
+        let mut follower = Elector::new("f", "l", "ns", timings());
+        follower.observe(&record, t);
+        let expiry = Action::WaitUntil(t + Duration::from_secs(15));
+        let pod = |uid: &str, state: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "uid": uid},
+                "status": {"containerStatuses": [{"name": "operator", "image": "i",
+                    "imageID": "", "ready": false, "restartCount": 0, "state": state}]}
+            }))
+            .unwrap()
+        };
+        // wall() is the acquireTime; a termination 5 s later is after it.
+        let later = (wall() + Duration::from_secs(5)).to_string();
+        let running = serde_json::json!({"running": {"startedAt": (wall() - Duration::from_secs(60)).to_string()}});
+        assert_eq!(follower.observe_holder_pod(&pod("u", running)), None);
+        assert_eq!(follower.next_action(t, wall()), expiry);
+        // Another Pod of the same name: no proof.
+        let dead = serde_json::json!({"terminated": {"exitCode": 137, "finishedAt": later}});
+        assert_eq!(follower.observe_holder_pod(&pod("v", dead.clone())), None);
+        assert_eq!(follower.next_action(t, wall()), expiry);
         assert_eq!(
-            plain
-                .lease(LeaseSpec::default(), None)
-                .metadata
-                .owner_references,
-            None
+            follower.observe_holder_pod(&pod("u", dead)),
+            Some(Exit::Terminated)
+        );
+        let Action::Replace(l) = follower.next_action(t, wall()) else {
+            panic!("expected a takeover at once")
+        };
+        assert_eq!(l.spec.unwrap().holder_identity.as_deref(), Some("f"));
+        // The proof is for that record only: a new term by anyone needs a new proof.
+        let mut renewed = record.clone();
+        renewed.spec.as_mut().unwrap().acquire_time =
+            Some(MicroTime(wall() + Duration::from_secs(9)));
+        renewed.metadata.resource_version = Some("2".into());
+        follower.observe(&renewed, t + Duration::from_secs(1));
+        assert_eq!(
+            follower.next_action(t + Duration::from_secs(1), wall()),
+            Action::WaitUntil(t + Duration::from_secs(16))
         );
     }
 

@@ -11,12 +11,13 @@ use myresource_operator::election::{Driver, Elector};
 use myresource_operator::endpoints::{self, Health};
 use myresource_operator::events::Publisher;
 use myresource_operator::fence::Fence;
+use myresource_operator::holder_pod::HolderPod;
 use myresource_operator::leadership::{self, Leadership, Terms};
 use myresource_operator::metrics::{Metrics, State};
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
 use myresource_operator::shard::Shards;
-use myresource_operator::{cache, kubeclient, owner, resource, telemetry};
+use myresource_operator::{cache, kubeclient, pod, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -61,7 +62,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let timings = args.timings().map_err(anyhow::Error::msg)?;
     let config = kubeclient::config(args.kubeconfig.as_deref(), &identity).await?;
     let lease_namespace = args.lease_namespace(&config.default_namespace);
-    let lease_owner = owner::service_account().map_err(anyhow::Error::msg)?;
+    let pod = pod::this_pod().map_err(anyhow::Error::msg)?;
     let fence = Fence::default();
     let metrics = Arc::new(Metrics::new());
     let clients = kubeclient::clients(config, fence.clone(), metrics.clone())?;
@@ -70,7 +71,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         namespaces = ?args.namespaces,
         lease = %format!("{lease_namespace}/{}", args.lease_name),
         ?timings,
-        lease_owner = lease_owner.as_ref().map_or("none", |o| o.name.as_str()),
+        in_pod = pod.is_some(),
         shards = args.shards,
         workers_per_shard = args.workers_per_shard,
         "starting"
@@ -128,9 +129,12 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let stop_election = CancellationToken::new();
     let election = tokio::spawn(
         Driver {
+            holder_pod: pod.is_some().then(|| {
+                HolderPod::start(Api::namespaced(clients.election.clone(), &lease_namespace))
+            }),
             api: Api::namespaced(clients.election, &lease_namespace),
             elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings)
-                .owned_by(lease_owner),
+                .in_pod(pod),
             leadership: leadership.clone(),
             metrics,
         }

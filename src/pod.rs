@@ -1,23 +1,34 @@
-//! Who owns the operator's Lease: in a Pod, the ServiceAccount it runs as.
+//! The Pod this replica runs in, as its ServiceAccount token's claims describe it
+//! (`kubernetes.io.serviceaccount` and `kubernetes.io.pod`), read without verifying the
+//! token (the API server does that for every request the token carries).
 //!
-//! The replicas create their Lease at run time, so `helm uninstall` (which deletes what the
-//! chart made) would leave it behind. Naming the ServiceAccount, which the chart makes, as
-//! the Lease's owner lets the garbage collector remove the Lease with the release, as it
-//! does for any dependent. The ServiceAccount's name and uid come from the claims of the
-//! Pod's own token (`kubernetes.io.serviceaccount`), read without verifying it (the API
-//! server does that for every request the token carries); no permission on the
-//! ServiceAccount is needed, as the reference does not block its deletion.
+//! - The ServiceAccount owns the Lease: the replicas create their Lease at run time, so
+//!   `helm uninstall` (which deletes what the chart made) would leave it behind; with the
+//!   chart's ServiceAccount as its owner the garbage collector removes it with the release.
+//!   No permission on the ServiceAccount is needed, as the reference does not block its
+//!   deletion.
+//! - The Pod's uid goes on every Lease this replica writes, so that followers can tell the
+//!   holder's Pod from a later one of the same name (see [`crate::crash`]).
 //!
-//! Outside a Pod (a kubeconfig, a user's token) there is no owner and the Lease stays, as
-//! before.
+//! Outside a Pod (a kubeconfig, a user's token) there is neither: the Lease has no owner and
+//! crashes are detected by lease expiry only.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+/// What the token says about this replica's Pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodInfo {
+    /// The Pod's ServiceAccount, as an owner reference.
+    pub service_account: OwnerReference,
+    /// The Pod's uid.
+    pub uid: String,
+}
 
 /// Where a Pod's ServiceAccount token is mounted.
 const TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
-/// The ServiceAccount of this Pod, as an owner reference; `None` outside a Pod.
-pub fn service_account() -> Result<Option<OwnerReference>, String> {
+/// This replica's Pod; `None` outside a Pod.
+pub fn this_pod() -> Result<Option<PodInfo>, String> {
     match std::fs::read_to_string(TOKEN) {
         Ok(token) => from_token(token.trim()).map(Some),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -25,28 +36,30 @@ pub fn service_account() -> Result<Option<OwnerReference>, String> {
     }
 }
 
-/// The ServiceAccount a (projected) ServiceAccount token names.
-fn from_token(token: &str) -> Result<OwnerReference, String> {
+/// The Pod and ServiceAccount a (projected) ServiceAccount token names.
+fn from_token(token: &str) -> Result<PodInfo, String> {
     let payload = token
         .split('.')
         .nth(1)
         .ok_or("the ServiceAccount token is not a JWT")?;
     let claims: serde_json::Value = serde_json::from_slice(&base64url(payload)?)
         .map_err(|e| format!("the ServiceAccount token's claims are not JSON: {e}"))?;
-    let account = &claims["kubernetes.io"]["serviceaccount"];
-    let field = |name: &str| {
-        account[name]
+    let field = |object: &str, name: &str| {
+        claims["kubernetes.io"][object][name]
             .as_str()
             .map(String::from)
-            .ok_or_else(|| format!("the ServiceAccount token names no serviceaccount {name}"))
+            .ok_or_else(|| format!("the ServiceAccount token names no {object} {name}"))
     };
-    Ok(OwnerReference {
-        api_version: "v1".into(),
-        kind: "ServiceAccount".into(),
-        name: field("name")?,
-        uid: field("uid")?,
-        controller: None,
-        block_owner_deletion: None,
+    Ok(PodInfo {
+        service_account: OwnerReference {
+            api_version: "v1".into(),
+            kind: "ServiceAccount".into(),
+            name: field("serviceaccount", "name")?,
+            uid: field("serviceaccount", "uid")?,
+            controller: None,
+            block_owner_deletion: None,
+        },
+        uid: field("pod", "uid")?,
     })
 }
 
@@ -90,7 +103,7 @@ mod tests {
     }
 
     #[test]
-    fn the_owner_is_the_service_account_the_token_names() {
+    fn the_token_names_the_service_account_and_the_pod() {
         // The claims of a projected token, as kube-apiserver 1.37 issues them.
         let claims = r#"{"aud":["https://kubernetes.default.svc"],"kubernetes.io":{"namespace":"mro","pod":{"name":"p","uid":"1"},"serviceaccount":{"name":"mro-sa","uid":"0a1b"}},"sub":"system:serviceaccount:mro:mro-sa"}"#;
         let encode = |bytes: &[u8]| {
@@ -107,7 +120,9 @@ mod tests {
             out
         };
         let token = format!("{}.{}.sig", encode(b"{}"), encode(claims.as_bytes()));
-        let owner = from_token(&token).unwrap();
+        let pod = from_token(&token).unwrap();
+        assert_eq!(pod.uid, "1");
+        let owner = pod.service_account;
         assert_eq!(
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
             ("ServiceAccount", "mro-sa", "0a1b")
