@@ -85,6 +85,36 @@ pub async fn wait_for_holder(
     .await
 }
 
+/// The `acquireTime` of the Lease in `namespace` (when its current term began), as written.
+pub async fn acquire_time(client: &Client, namespace: &str) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    Ok(leases
+        .get_opt(NAME)
+        .await?
+        .and_then(|l| l.spec?.acquire_time)
+        .map(|t| t.0.to_string()))
+}
+
+/// Waits up to `limit` until a term other than the one that began at `term` (an
+/// [`acquire_time`]) holds the Lease; returns its holder.
+pub async fn wait_for_new_term(
+    client: &Client,
+    namespace: &str,
+    term: &str,
+    limit: Duration,
+) -> Result<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    poll("a new term", limit, || async {
+        let spec = leases.get_opt(NAME).await?.and_then(|l| l.spec);
+        Ok(spec.and_then(|s| {
+            let began = s.acquire_time?.0.to_string();
+            let holder = s.holder_identity.filter(|h| !h.is_empty())?;
+            (began != term).then_some(holder)
+        }))
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

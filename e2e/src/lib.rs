@@ -3,6 +3,7 @@
 //! - [`binaries`]: etcd, kube-apiserver and kube-controller-manager, built from pinned Go
 //!   modules on first use and cached outside the clone (or taken from `KUBEBUILDER_ASSETS`);
 //! - [`pki`]: the throwaway CA and certificates;
+//! - [`chart`]: the Helm chart installed on a cluster with a node, and its Pods waited for;
 //! - [`cluster`]: starting and stopping one control plane in a folder;
 //! - [`node`]: a real node beside it (containerd, runc, CNI bridge, kubelet, kube-proxy);
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
@@ -23,6 +24,7 @@
 
 pub mod audit;
 pub mod binaries;
+pub mod chart;
 pub mod cluster;
 pub mod foreign_lease;
 pub mod harness;

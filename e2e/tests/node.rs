@@ -41,13 +41,9 @@ const READY_WITHIN: Duration = Duration::from_secs(120);
 const FAILOVER_WITHIN: Duration = Duration::from_secs(40);
 
 fn helm(env: &TestEnv) -> Result<Command> {
-    let mut cmd = Command::new(e2e::binaries::helm()?);
     let home = std::env::temp_dir().join("myresource-e2e-helm");
-    cmd.env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env("KUBECONFIG", &env.shared.kubeconfig)
-        .args(["--namespace", &env.namespace]);
+    let mut cmd = e2e::chart::helm(&env.shared.kubeconfig, &home)?;
+    cmd.args(["--namespace", &env.namespace]);
     Ok(cmd)
 }
 
@@ -63,22 +59,15 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     let node_dir = env.shared.node_dir.clone().context("a node")?;
     let built = e2e::operator_image::build()?;
     e2e::node::import_into(&node_dir, &built.image)?;
-    let (repository, tag) = built
-        .image
-        .reference
-        .rsplit_once(':')
-        .context("a tagged reference")?;
 
     // 1. helm install: default values apart from the image.
     let chart = workspace_root().join("charts/myresource-operator");
-    run(
-        helm(&env)?
-            .args(["install", RELEASE])
-            .arg(&chart)
-            .args(["--set", &format!("image.repository={repository}")])
-            .args(["--set", &format!("image.tag={tag}")])
-            .args(["--set", "image.pullPolicy=Never"]),
-        None,
+    e2e::chart::install(
+        &mut helm(&env)?,
+        RELEASE,
+        &env.namespace,
+        &built.image.reference,
+        &[],
     )?;
     let pods = wait_for_ready_pods(&env, 3).await?;
     let leader = e2e::lease::wait_for_holder(&env.client, &env.namespace, None, READY_WITHIN)
@@ -259,34 +248,9 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     Ok(())
 }
 
-/// Waits until the release's Deployment has `n` Pods, all Running and Ready; returns their
-/// names.
+/// Waits until the release has `n` Pods, all Running and Ready; returns their names.
 async fn wait_for_ready_pods(env: &TestEnv, n: usize) -> Result<Vec<String>> {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    let params = ListParams::default().labels(SELECTOR);
-    poll(
-        &format!("{n} operator Pods Running and Ready"),
-        READY_WITHIN,
-        || async {
-            let list = pods.list(&params).await?;
-            let live: Vec<&Pod> = list
-                .items
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .collect();
-            let ready = live.iter().all(|p| {
-                let status = p.status.as_ref();
-                status.and_then(|s| s.phase.as_deref()) == Some("Running")
-                    && status
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| {
-                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                        })
-            });
-            Ok((live.len() == n && ready).then(|| live.iter().map(|p| p.name_any()).collect()))
-        },
-    )
-    .await
+    e2e::chart::ready_pods(&env.client, &env.namespace, RELEASE, n, READY_WITHIN).await
 }
 
 /// Every live Pod's `/metrics`, read over the Pod network: exactly one reports leading.

@@ -13,6 +13,7 @@
 //! - [`memory`]: a follower's memory per cached Pod;
 //! - [`telemetry`]: the cost of the OTLP exporter;
 //! - [`failover`]: SIGKILL failover and SIGTERM handover;
+//! - [`pods`] (`--pods N`, on its own): failover of the chart's Pods on a real node;
 //! - [`cpu`]: CPU per process over a phase; [`objects`]: the objects measured;
 //! - [`report`]: the report, as printed lines, `report.md` and `report.json`.
 
@@ -22,6 +23,7 @@ mod failover;
 mod latency;
 mod memory;
 mod objects;
+mod pods;
 mod report;
 mod takeover;
 mod telemetry;
@@ -59,6 +61,10 @@ pub struct BenchArgs {
     /// symbols) to run perf against the replicas.
     #[arg(long, default_value = "release")]
     pub profile: String,
+    /// Instead of everything else: failover of the chart's Pods on a real node, N container
+    /// SIGKILLs and N leader Pod deletions (writes target/bench/pods/report.{json,md}).
+    #[arg(long, value_name = "N")]
+    pub pods: Option<usize>,
 }
 
 struct Bench {
@@ -70,6 +76,9 @@ struct Bench {
 }
 
 pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
+    if let Some(runs) = args.pods {
+        return pods::run(root, runs).await;
+    }
     eprintln!(
         "==> building the operator ({} profile) and starting a local control plane",
         args.profile

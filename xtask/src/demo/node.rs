@@ -8,7 +8,6 @@
 //! measured time (Lease timings: the chart's defaults, 15 s / 10 s / 2 s).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -78,7 +77,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
         "the node could not start on this machine (it needs root, cgroups, iptables and a \
          bridge); `cargo xtask demo --processes` runs the replicas as processes instead",
     )?;
-    let result = demo(&mut cluster, root, &image, &helm, &kubectl, started).await;
+    let result = demo(&mut cluster, &image, &kubectl, started).await;
     if result.is_ok() && keep {
         println!("\nLeft running. Try:");
         println!("  export KUBECONFIG={}", cluster.kubeconfig.display());
@@ -100,9 +99,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
 
 async fn demo(
     cluster: &mut Cluster,
-    root: &Path,
     image: &OperatorImage,
-    helm: &Path,
     kubectl: &Path,
     started: Instant,
 ) -> Result<()> {
@@ -118,29 +115,13 @@ async fn demo(
     step("loading the image into the node (no registry: ctr images import)");
     e2e::node::import_into(&cluster.dir.join(NODE_DIR), &image.image)?;
 
-    let (repository, tag) = image
-        .image
-        .reference
-        .rsplit_once(':')
-        .context("a tagged image")?;
     step(&format!(
         "helm install {RELEASE} charts/myresource-operator -n {NAMESPACE} --create-namespace \
-         --set image.repository={repository} --set image.tag={tag} --set image.pullPolicy=Never"
+         (default values apart from the image: {}, pullPolicy Never)",
+        image.image.reference
     ));
-    e2e::process::run(
-        Command::new(helm)
-            .env("KUBECONFIG", &cluster.kubeconfig)
-            .env("HELM_CACHE_HOME", cluster.dir.join("helm/cache"))
-            .env("HELM_CONFIG_HOME", cluster.dir.join("helm/config"))
-            .env("HELM_DATA_HOME", cluster.dir.join("helm/data"))
-            .args(["install", RELEASE])
-            .arg(root.join("charts/myresource-operator"))
-            .args(["--namespace", NAMESPACE, "--create-namespace"])
-            .args(["--set", &format!("image.repository={repository}")])
-            .args(["--set", &format!("image.tag={tag}")])
-            .args(["--set", "image.pullPolicy=Never"]),
-        None,
-    )?;
+    let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
+    e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &image.image.reference, &[])?;
     let client = cluster.client().await?;
     let installed = Instant::now();
     kc.run(

@@ -1,0 +1,85 @@
+//! The Helm chart installed on a cluster with a node, as the node suite, the demo and the
+//! Pod benchmark do it: Helm with its own folders (nothing from the user's setup), the
+//! chart's default values apart from the image (loaded into the node, never pulled), and
+//! waiting until the release's Pods run.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+
+use crate::operator::workspace_root;
+use crate::wait::poll;
+
+/// Helm against `kubeconfig`, with its cache, config and data under `home`.
+pub fn helm(kubeconfig: &Path, home: &Path) -> Result<Command> {
+    let mut cmd = Command::new(crate::binaries::helm()?);
+    cmd.env("KUBECONFIG", kubeconfig)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    Ok(cmd)
+}
+
+/// `helm install RELEASE charts/myresource-operator -n NAMESPACE --create-namespace` with
+/// the image `reference` (`repository:tag`) and `pullPolicy=Never`, and `extra` arguments.
+pub fn install(
+    helm: &mut Command,
+    release: &str,
+    namespace: &str,
+    reference: &str,
+    extra: &[&str],
+) -> Result<()> {
+    let (repository, tag) = reference.rsplit_once(':').context("a tagged image")?;
+    crate::process::run(
+        helm.args(["install", release])
+            .arg(workspace_root().join("charts/myresource-operator"))
+            .args(["--namespace", namespace, "--create-namespace"])
+            .args(["--set", &format!("image.repository={repository}")])
+            .args(["--set", &format!("image.tag={tag}")])
+            .args(["--set", "image.pullPolicy=Never"])
+            .args(extra),
+        None,
+    )?;
+    Ok(())
+}
+
+/// Waits up to `limit` until release `release` in `namespace` has `n` live Pods, all
+/// Running and Ready; returns their names.
+pub async fn ready_pods(
+    client: &Client,
+    namespace: &str,
+    release: &str,
+    n: usize,
+    limit: Duration,
+) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
+    poll(
+        &format!("{n} operator Pods Running and Ready"),
+        limit,
+        || async {
+            let list = pods.list(&params).await?;
+            let live: Vec<&Pod> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let ready = live.iter().all(|p| {
+                let status = p.status.as_ref();
+                status.and_then(|s| s.phase.as_deref()) == Some("Running")
+                    && status
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+            });
+            Ok((live.len() == n && ready).then(|| live.iter().map(|p| p.name_any()).collect()))
+        },
+    )
+    .await
+}

@@ -1,0 +1,170 @@
+//! `cargo xtask bench --pods N`: failover of the chart's Pods on a real node, with the
+//! chart's default Lease timings (15 s / 10 s / 2 s). N times the leader's container is
+//! SIGKILLed from the host, N times the leader Pod is deleted (`kubectl delete pod`); each
+//! time a change is made right after the fault, and the sample is the time from the fault
+//! until the change is in the ConfigMap: the new leader's first reconcile and its write.
+//! Writes `target/bench/pods/report.{json,md}`.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use e2e::lease::wait_for_holder;
+use e2e::node::image::Image;
+use e2e::process::Lifetime;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use myresource_operator::resource::MyResource;
+use serde_json::json;
+
+use super::report::Report;
+
+const NAMESPACE: &str = "bench-pods";
+const RELEASE: &str = "mro";
+const EXAMPLE: &str = "example-myresource";
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[derive(Clone, Copy)]
+enum Fault {
+    Kill,
+    Delete,
+}
+
+pub async fn run(root: &Path, runs: usize) -> Result<()> {
+    eprintln!("==> building the image and starting a cluster with a node");
+    let image = e2e::operator_image::build()?;
+    let mut cluster = Cluster::start_with_node(ClusterConfig {
+        dir: root.join("target/bench/pods-cluster"),
+        otlp_endpoint: None,
+        lifetime: Lifetime::TiedToThisProcess,
+        crds: Vec::new(),
+    })
+    .await?;
+    let result = measure(&cluster, &image.image, runs).await;
+    cluster.stop();
+    result?.write(&root.join("target/bench/pods"))
+}
+
+async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report> {
+    e2e::node::import_into(&cluster.dir.join(NODE_DIR), image)?;
+    let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
+    e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &image.reference, &[])?;
+    let client = cluster.client().await?;
+    e2e::process::run(
+        Command::new(e2e::binaries::kubectl()?)
+            .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+            .args(["apply", "-n", "default", "-f", "-"]),
+        Some(e2e::TUTORIAL_EXAMPLE),
+    )?;
+    let (mut killed, mut deleted, mut took_over_by) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..runs {
+        for fault in [Fault::Kill, Fault::Delete] {
+            let (seconds, same_pod) = once(&client, cluster, fault, run).await?;
+            eprintln!(
+                "    run {run} {}: {seconds:.3} s",
+                match fault {
+                    Fault::Kill => "container SIGKILL",
+                    Fault::Delete => "Pod delete",
+                }
+            );
+            match fault {
+                Fault::Kill => {
+                    killed.push(seconds);
+                    took_over_by.push(same_pod);
+                }
+                Fault::Delete => deleted.push(seconds),
+            }
+        }
+    }
+    let mut report = Report::new();
+    let line = |what: &str, samples: &[f64]| {
+        let ms = |p| e2e::stats::percentile(samples, p) * 1000.0;
+        format!(
+            "{what} ({} runs, 15/10/2 s): min {:.0} ms, median {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            samples.len(),
+            ms(0.0),
+            ms(50.0),
+            ms(99.0),
+            ms(100.0)
+        )
+    };
+    report.record(
+        "pod_container_sigkill_seconds",
+        e2e::stats::summary(&killed),
+        line(
+            "leader container SIGKILLed from the host → a change made after it reconciled",
+            &killed,
+        ),
+    );
+    report.record(
+        "pod_delete_seconds",
+        e2e::stats::summary(&deleted),
+        line(
+            "kubectl delete pod of the leader → a change made after it reconciled",
+            &deleted,
+        ),
+    );
+    let restarted = took_over_by.iter().filter(|same| **same).count();
+    report.record(
+        "pod_sigkill_retaken_by_the_restarted_container",
+        json!(restarted),
+        format!(
+            "after a container SIGKILL the new term went to the restarted container itself in {restarted} of {} runs, to another Pod in the others",
+            took_over_by.len()
+        ),
+    );
+    Ok(report)
+}
+
+/// One fault; returns the seconds until a change made after it was reconciled, and whether
+/// the new term went to the faulted Pod itself (its restarted container).
+async fn once(client: &Client, cluster: &Cluster, fault: Fault, run: usize) -> Result<(f64, bool)> {
+    e2e::chart::ready_pods(client, NAMESPACE, RELEASE, 3, LIMIT).await?;
+    let leader = wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
+    let term = e2e::lease::acquire_time(client, NAMESPACE)
+        .await?
+        .context("a Lease with an acquireTime")?;
+    let message = format!("run {run} {}", matches!(fault, Fault::Kill));
+    let at = Instant::now();
+    match fault {
+        Fault::Kill => {
+            let pid = e2e::node::pod_process(&leader, "/myresource-operator")?;
+            // SAFETY: kill has no memory preconditions; the pid was just found.
+            ensure!(
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0,
+                "kill {pid}"
+            );
+        }
+        Fault::Delete => {
+            e2e::process::run(
+                Command::new(e2e::binaries::kubectl()?)
+                    .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+                    .args(["delete", "pod", "-n", NAMESPACE, &leader, "--wait=false"]),
+                None,
+            )?;
+        }
+    }
+    let mrs: Api<MyResource> = Api::namespaced(client.clone(), "default");
+    let patch = json!({"spec": {"message": message}});
+    mrs.patch(EXAMPLE, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let deadline = at + LIMIT;
+    let seconds = loop {
+        let data = configmaps.get(EXAMPLE).await?.data.unwrap_or_default();
+        if data.values().any(|v| *v == message) {
+            break at.elapsed().as_secs_f64();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the change after the fault was not reconciled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Who began the new term.
+    let holder = e2e::lease::wait_for_new_term(client, NAMESPACE, &term, LIMIT).await?;
+    Ok((seconds, holder == leader))
+}
