@@ -1,8 +1,11 @@
 //! `cargo xtask bench --pods N`: failover of the chart's Pods on a real node, with the
 //! chart's default Lease timings (15 s / 10 s / 2 s). N times the leader's container is
-//! SIGKILLed from the host, N times the leader Pod is deleted (`kubectl delete pod`); each
+//! SIGKILLed from the host, N times the leader Pod is deleted (as `kubectl delete pod`
+//! does, through the API, so the tool's own start is not counted); each
 //! time a change is made right after the fault, and the sample is the time from the fault
 //! until the change is in the ConfigMap: the new leader's first reconcile and its write.
+//! Then five `helm upgrade`s that change the Pod template: how often leadership moved
+//! during each rollout and the longest time without a holder, from the audit log.
 //! Writes `target/bench/pods/report.{json,md}`.
 
 use std::path::Path;
@@ -14,8 +17,10 @@ use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
 use e2e::lease::wait_for_holder;
 use e2e::node::image::Image;
 use e2e::process::Lifetime;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use myresource_operator::resource::MyResource;
 use serde_json::json;
@@ -24,8 +29,11 @@ use super::report::Report;
 
 const NAMESPACE: &str = "bench-pods";
 const RELEASE: &str = "mro";
+/// The chart's Deployment of release `mro`.
+const RELEASE_DEPLOYMENT: &str = "mro-myresource-operator";
 const EXAMPLE: &str = "example-myresource";
 const LIMIT: Duration = Duration::from_secs(120);
+const ROLLOUTS: usize = 5;
 
 #[derive(Clone, Copy)]
 enum Fault {
@@ -62,7 +70,7 @@ async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report
     let (mut killed, mut deleted, mut took_over_by) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         for fault in [Fault::Kill, Fault::Delete] {
-            let (seconds, same_pod) = once(&client, cluster, fault, run).await?;
+            let (seconds, same_pod) = once(&client, fault, run).await?;
             eprintln!(
                 "    run {run} {}: {seconds:.3} s",
                 match fault {
@@ -107,6 +115,22 @@ async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report
             &deleted,
         ),
     );
+    let (moves, gaps) = rollouts(cluster, &client, ROLLOUTS).await?;
+    report.record(
+        "rollout_leadership_moves",
+        json!(moves),
+        format!(
+            "leadership moves per rollout of three replicas ({ROLLOUTS} helm upgrades): {moves:?}"
+        ),
+    );
+    report.record(
+        "rollout_longest_leaderless_gap_seconds",
+        json!(gaps),
+        format!(
+            "longest time without a holder per rollout (release to next acquisition, audit log): {}",
+            gaps.iter().map(|g| format!("{:.0} ms", g * 1000.0)).collect::<Vec<_>>().join(", ")
+        ),
+    );
     let restarted = took_over_by.iter().filter(|same| **same).count();
     report.record(
         "pod_sigkill_retaken_by_the_restarted_container",
@@ -121,9 +145,10 @@ async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report
 
 /// One fault; returns the seconds until a change made after it was reconciled, and whether
 /// the new term went to the faulted Pod itself (its restarted container).
-async fn once(client: &Client, cluster: &Cluster, fault: Fault, run: usize) -> Result<(f64, bool)> {
+async fn once(client: &Client, fault: Fault, run: usize) -> Result<(f64, bool)> {
     e2e::chart::ready_pods(client, NAMESPACE, RELEASE, 3, LIMIT).await?;
     let leader = wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let term = e2e::lease::acquire_time(client, NAMESPACE)
         .await?
         .context("a Lease with an acquireTime")?;
@@ -139,12 +164,7 @@ async fn once(client: &Client, cluster: &Cluster, fault: Fault, run: usize) -> R
             );
         }
         Fault::Delete => {
-            e2e::process::run(
-                Command::new(e2e::binaries::kubectl()?)
-                    .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
-                    .args(["delete", "pod", "-n", NAMESPACE, &leader, "--wait=false"]),
-                None,
-            )?;
+            pods.delete(&leader, &DeleteParams::default()).await?;
         }
     }
     let mrs: Api<MyResource> = Api::namespaced(client.clone(), "default");
@@ -166,5 +186,63 @@ async fn once(client: &Client, cluster: &Cluster, fault: Fault, run: usize) -> R
     };
     // Who began the new term.
     let holder = e2e::lease::wait_for_new_term(client, NAMESPACE, &term, LIMIT).await?;
+    if matches!(fault, Fault::Kill) {
+        // A container killed again and again would wait out the kubelet's growing restart
+        // backoff (10 s, 20 s, 40 s …): its Pod is replaced instead, once measured.
+        pods.delete(&leader, &DeleteParams::default()).await?;
+    }
     Ok((seconds, holder == leader))
+}
+
+/// `count` rollouts (`helm upgrade` with a new Pod annotation); per rollout, the number of
+/// terms begun and the longest gap between a release and the next acquisition.
+async fn rollouts(
+    cluster: &Cluster,
+    client: &Client,
+    count: usize,
+) -> Result<(Vec<usize>, Vec<f64>)> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let (mut moves, mut gaps) = (Vec::new(), Vec::new());
+    for i in 0..count {
+        e2e::chart::ready_pods(client, NAMESPACE, RELEASE, 3, LIMIT).await?;
+        wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
+        let from = Timestamp::now();
+        let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
+        e2e::process::run(
+            helm.args(["upgrade", RELEASE])
+                .arg(e2e::operator::workspace_root().join("charts/myresource-operator"))
+                .args(["--namespace", NAMESPACE, "--reuse-values"])
+                .args(["--set", &format!("podAnnotations.rollout=r{i}")]),
+            None,
+        )?;
+        e2e::wait::poll("the rollout to complete", LIMIT, || async {
+            let d = deployments.get(RELEASE_DEPLOYMENT).await?;
+            let status = d.status.unwrap_or_default();
+            let done = status.observed_generation == d.metadata.generation
+                && status.updated_replicas == Some(3)
+                && status.ready_replicas == Some(3)
+                && status.replicas == Some(3);
+            Ok(done.then_some(()))
+        })
+        .await?;
+        wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
+        let log = e2e::audit::read(&cluster.audit_log)?;
+        let terms: Vec<_> = e2e::audit::acquisitions(&log, NAMESPACE, e2e::lease::NAME)
+            .into_iter()
+            .filter(|t| t.at >= from)
+            .collect();
+        moves.push(terms.iter().filter(|t| !t.holder.is_empty()).count());
+        let gap = terms
+            .windows(2)
+            .filter(|w| w[0].holder.is_empty() && !w[1].holder.is_empty())
+            .map(|w| w[1].at.duration_since(w[0].at).as_secs_f64())
+            .fold(0.0, f64::max);
+        eprintln!(
+            "    rollout {i}: {} moves, longest gap {:.0} ms",
+            moves[i],
+            gap * 1000.0
+        );
+        gaps.push(gap);
+    }
+    Ok((moves, gaps))
 }

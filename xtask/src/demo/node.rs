@@ -4,8 +4,9 @@
 //! `helm install` of the chart (three replicas, default values apart from the image), the
 //! tutorial's example and three labelled Pods that really run (two Ready), `kubectl get
 //! myr,pods`, the ConfigMap and who leads; then `kubectl delete pod` of the leader, and a
-//! SIGKILL of the next leader's process from the host, each failover shown with its
-//! measured time (Lease timings: the chart's defaults, 15 s / 10 s / 2 s).
+//! SIGKILL of the next leader's process from the host (a crash failover read from the
+//! Pod's status, not waited out), each failover shown with its measured time (Lease
+//! timings: the chart's defaults, 15 s / 10 s / 2 s).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -172,7 +173,9 @@ async fn demo(
     .await?;
 
     step(&format!(
-        "SIGKILL of {second}'s process from the host (the new leader), then changing the spec"
+        "SIGKILL of {second}'s process from the host (the new leader), then changing the spec; \
+         a follower takes over as soon as the kubelet reports the container dead, without \
+         waiting out the 15 s lease"
     ));
     let pid = e2e::node::pod_process(&second, "/myresource-operator")?;
     println!("    pid {pid} on the host is /myresource-operator in Pod {second}");
