@@ -872,6 +872,7 @@ mod tests {
                 ..Default::default()
             },
             uid: "pod-uid".into(),
+            ..Default::default()
         };
         let mut e = Elector::new("me", "l", "ns", timings()).in_pod(Some(pod.clone()));
         let t = Instant::now();
@@ -900,8 +901,8 @@ mod tests {
     fn a_proven_crash_is_taken_over_at_once() {
         let t = Instant::now();
         let mut leader = Elector::new("p", "l", "ns", timings()).in_pod(Some(PodInfo {
-            service_account: Default::default(),
             uid: "u".into(),
+            ..Default::default()
         }));
         leader.observe_absent();
         let record = written(leader.next_action(t, wall()), "1");

@@ -126,15 +126,21 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     }
 
     let leadership = Leadership::new(fence, &args.lease_name, &identity, metrics.clone());
+    let own_pod = pod.as_ref().map(|pod| {
+        (
+            Api::namespaced(clients.election.clone(), &pod.namespace),
+            pod.name.clone(),
+        )
+    });
     let stop_election = CancellationToken::new();
     let election = tokio::spawn(
         Driver {
-            holder_pod: pod.is_some().then(|| {
-                HolderPod::start(Api::namespaced(clients.election.clone(), &lease_namespace))
+            holder_pod: pod.as_ref().map(|pod| {
+                HolderPod::start(Api::namespaced(clients.election.clone(), &pod.namespace))
             }),
             api: Api::namespaced(clients.election, &lease_namespace),
             elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings)
-                .in_pod(pod),
+                .in_pod(pod.clone()),
             leadership: leadership.clone(),
             metrics,
         }
@@ -147,9 +153,16 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         grace: args.shutdown_grace,
     };
     let stop = async {
+        let deleting = async {
+            match own_pod {
+                Some((api, name)) => pod::deleting(api, &name).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = terminate.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
+            _ = deleting => info!("this replica's Pod is being deleted: stopping now, before the kubelet's SIGTERM"),
         }
     };
     leadership::run(leadership, terms, (election, stop_election), stop).await;

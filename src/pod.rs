@@ -9,19 +9,54 @@
 //!   deletion.
 //! - The Pod's uid goes on every Lease this replica writes, so that followers can tell the
 //!   holder's Pod from a later one of the same name (see [`crate::crash`]).
+//! - The Pod's name and namespace: a replica watches its own Pod and stops as soon as the
+//!   Pod is being deleted ([`deleting`]), before the kubelet's SIGTERM arrives, so a leader
+//!   Pod's deletion hands over as fast as the API server can tell the replicas.
 //!
 //! Outside a Pod (a kubeconfig, a user's token) there is neither: the Lease has no owner and
 //! crashes are detected by lease expiry only.
 
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tracing::warn;
 
 /// What the token says about this replica's Pod.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodInfo {
     /// The Pod's ServiceAccount, as an owner reference.
     pub service_account: OwnerReference,
-    /// The Pod's uid.
+    pub name: String,
+    pub namespace: String,
     pub uid: String,
+}
+
+/// Resolves once the Pod `name` of `api` (this replica's) is being deleted: a stop that the
+/// kubelet's SIGTERM would only bring later. Never resolves when the Pod cannot be watched
+/// (said once in the log): the SIGTERM still comes.
+pub async fn deleting(api: Api<Pod>, name: &str) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    let mut warned = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(pod) | Event::InitApply(pod))
+                if pod.metadata.deletion_timestamp.is_some() =>
+            {
+                return;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                if !std::mem::replace(&mut warned, true) {
+                    warn!(pod = name, error = %err, "cannot watch this replica's Pod: its deletion is noticed at the kubelet's SIGTERM only");
+                }
+            }
+        }
+    }
+    std::future::pending().await
 }
 
 /// Where a Pod's ServiceAccount token is mounted.
@@ -59,6 +94,11 @@ fn from_token(token: &str) -> Result<PodInfo, String> {
             controller: None,
             block_owner_deletion: None,
         },
+        name: field("pod", "name")?,
+        namespace: claims["kubernetes.io"]["namespace"]
+            .as_str()
+            .map(String::from)
+            .ok_or("the ServiceAccount token names no namespace")?,
         uid: field("pod", "uid")?,
     })
 }
@@ -121,7 +161,10 @@ mod tests {
         };
         let token = format!("{}.{}.sig", encode(b"{}"), encode(claims.as_bytes()));
         let pod = from_token(&token).unwrap();
-        assert_eq!(pod.uid, "1");
+        assert_eq!(
+            (pod.name.as_str(), pod.namespace.as_str(), pod.uid.as_str()),
+            ("p", "mro", "1")
+        );
         let owner = pod.service_account;
         assert_eq!(
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
