@@ -42,16 +42,6 @@ pub struct OperatorImage {
     pub binary_bytes: u64,
 }
 
-impl OperatorImage {
-    /// `repository:tag`, as the chart's `image.repository` and `image.tag` name it.
-    pub fn tag(&self) -> &str {
-        self.image
-            .reference
-            .rsplit_once(':')
-            .map_or("", |(_, tag)| tag)
-    }
-}
-
 /// Builds the static release binary and the image around it.
 pub fn build() -> Result<OperatorImage> {
     let binary = static_binary()?;

@@ -15,6 +15,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
+use e2e::cluster::Cluster;
+use e2e::process::Lifetime;
 use kube::{Api, Client};
 use myresource_operator::resource::MyResource;
 
@@ -27,31 +29,66 @@ pub async fn run(root: &Path, keep: bool, processes: bool) -> Result<()> {
     }
 }
 
-/// Fails unless `path` is an executable file.
-pub(super) fn require_program(name: &str, path: &Path) -> Result<()> {
+/// Fails unless every program is an executable file: everything the demo runs later is
+/// checked first, so a program missing from the binaries cache fails here, by name, not
+/// halfway through the demo.
+pub(super) fn require_programs(programs: &[(&str, &Path)]) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let executable =
-        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if !executable {
-        bail!(
-            "the demo needs {name}, and {} is not an executable file (binaries cache: {})",
-            path.display(),
-            e2e::binaries::controlplane_cache().display()
-        );
+    for (name, path) in programs {
+        let executable = std::fs::metadata(path)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        if !executable {
+            bail!(
+                "the demo needs {name}, and {} is not an executable file (binaries cache: {})",
+                path.display(),
+                e2e::binaries::controlplane_cache().display()
+            );
+        }
     }
     Ok(())
+}
+
+/// The cluster's lifetime: it outlives the demo with `--keep`.
+pub(super) fn lifetime(keep: bool) -> Lifetime {
+    if keep {
+        Lifetime::Detached
+    } else {
+        Lifetime::TiedToThisProcess
+    }
+}
+
+/// What `--keep` prints once the demo succeeded: how to reach the cluster, `tries` (commands
+/// to run) and how to stop it.
+pub(super) fn left_running(cluster: &Cluster, tries: &[String]) {
+    println!("\nLeft running. Try:");
+    println!("  export KUBECONFIG={}", cluster.kubeconfig.display());
+    for line in tries {
+        println!("  {line}");
+    }
+    println!(
+        "Stop it all: cargo xtask cluster down --dir {}",
+        cluster.dir.display()
+    );
 }
 
 pub(super) fn step(text: &str) {
     println!("==> {text}");
 }
 
+/// kubectl against one cluster.
 pub(super) struct Kubectl {
-    pub(super) path: PathBuf,
-    pub(super) kubeconfig: PathBuf,
+    path: PathBuf,
+    kubeconfig: PathBuf,
 }
 
 impl Kubectl {
+    pub(super) fn new(path: &Path, cluster: &Cluster) -> Kubectl {
+        Kubectl {
+            path: path.to_path_buf(),
+            kubeconfig: cluster.kubeconfig.clone(),
+        }
+    }
+
     pub(super) fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.path);
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))

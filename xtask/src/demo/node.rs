@@ -15,9 +15,9 @@ use anyhow::{Context, Result};
 use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
 use e2e::lease::wait_for_holder;
 use e2e::operator_image::OperatorImage;
-use e2e::process::Lifetime;
+use kube::Client;
 
-use super::{Kubectl, require_program, step, wait_for};
+use super::{Kubectl, left_running, lifetime, require_programs, step, wait_for};
 
 /// Where the chart is installed (and so where its Lease lives).
 const NAMESPACE: &str = "myresource-system";
@@ -33,9 +33,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
     let node = e2e::binaries::node()?;
     let kubectl = e2e::binaries::kubectl()?;
     let helm = e2e::binaries::helm()?;
-    // Everything the demo runs later, checked now: a program missing from the binaries
-    // cache must fail here, by name, not halfway through the demo.
-    for (name, path) in [
+    require_programs(&[
         ("etcd", &control_plane.etcd),
         ("kube-apiserver", &control_plane.kube_apiserver),
         (
@@ -50,9 +48,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
         ("runc", &node.runc),
         ("kubectl", &kubectl),
         ("helm", &helm),
-    ] {
-        require_program(name, path)?;
-    }
+    ])?;
     println!(
         "    image {} (binary {:.1} MiB)",
         image.image.reference,
@@ -66,11 +62,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
     let mut cluster = Cluster::start_with_node(ClusterConfig {
         dir,
         otlp_endpoint: None,
-        lifetime: if keep {
-            Lifetime::Detached
-        } else {
-            Lifetime::TiedToThisProcess
-        },
+        lifetime: lifetime(keep),
         crds: Vec::new(),
     })
     .await
@@ -80,16 +72,15 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
     )?;
     let result = demo(&mut cluster, &image, &kubectl, started).await;
     if result.is_ok() && keep {
-        println!("\nLeft running. Try:");
-        println!("  export KUBECONFIG={}", cluster.kubeconfig.display());
-        println!("  {} get myr,pods -A", kubectl.display());
-        println!(
-            "  {} logs -n {NAMESPACE} -l app.kubernetes.io/instance={RELEASE}",
-            kubectl.display()
-        );
-        println!(
-            "Stop it all (node included): cargo xtask cluster down --dir {}",
-            cluster.dir.display()
+        left_running(
+            &cluster,
+            &[
+                format!("{} get myr,pods -A", kubectl.display()),
+                format!(
+                    "{} logs -n {NAMESPACE} -l app.kubernetes.io/instance={RELEASE}",
+                    kubectl.display()
+                ),
+            ],
         );
         return Ok(());
     }
@@ -104,10 +95,7 @@ async fn demo(
     kubectl: &Path,
     started: Instant,
 ) -> Result<()> {
-    let kc = Kubectl {
-        path: kubectl.to_path_buf(),
-        kubeconfig: cluster.kubeconfig.clone(),
-    };
+    let kc = Kubectl::new(kubectl, cluster);
     println!(
         "    node Ready, API server at {} ({:.1} s so far)",
         cluster.server,
@@ -164,7 +152,7 @@ async fn demo(
     step(&format!(
         "kubectl delete pod {leader} (the leader), then changing the spec"
     ));
-    let second = failover(&kc, cluster, &leader, "after the delete", |kc| {
+    let second = failover(&kc, &client, &leader, "after the delete", |kc| {
         kc.run(
             &["delete", "pod", "-n", NAMESPACE, &leader, "--wait=false"],
             None,
@@ -179,7 +167,7 @@ async fn demo(
     ));
     let pid = e2e::node::pod_process(&second, "/myresource-operator")?;
     println!("    pid {pid} on the host is /myresource-operator in Pod {second}");
-    let third = failover(&kc, cluster, &second, "after the kill", |_| {
+    let third = failover(&kc, &client, &second, "after the kill", |_| {
         // SAFETY: kill has no memory preconditions; the pid was just found.
         if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
             return Err(std::io::Error::last_os_error()).context("kill");
@@ -216,12 +204,11 @@ async fn demo(
 /// and shows who took over and when the change was reconciled; returns the new leader.
 async fn failover(
     kc: &Kubectl,
-    cluster: &Cluster,
+    client: &Client,
     leader: &str,
     message: &str,
     fault: impl FnOnce(&Kubectl) -> Result<()>,
 ) -> Result<String> {
-    let client = cluster.client().await?;
     let at = Instant::now();
     fault(kc)?;
     let patch = format!(r#"{{"spec":{{"message":"{message}"}}}}"#);
@@ -235,9 +222,9 @@ async fn failover(
         ],
         None,
     )?;
-    let next = wait_for_holder(&client, NAMESPACE, Some(leader), Duration::from_secs(60)).await?;
+    let next = wait_for_holder(client, NAMESPACE, Some(leader), Duration::from_secs(60)).await?;
     let took_over = at.elapsed();
-    wait_for(&client, Duration::from_secs(60), |mr| {
+    wait_for(client, Duration::from_secs(60), |mr| {
         mr.spec.message == message
             && mr.status.as_ref().and_then(|s| s.observed_generation) == mr.metadata.generation
     })

@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use e2e::cluster::{Cluster, ClusterConfig};
 use e2e::lease::{self, wait_for_holder};
-use e2e::process::Lifetime;
 
-use super::{Kubectl, require_program, step, wait_for};
+use super::{Kubectl, left_running, lifetime, require_programs, step, wait_for};
 
 const REPLICAS: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
 
@@ -25,9 +24,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
     let operator = e2e::operator::binary()?;
     let control_plane = e2e::binaries::ensure()?;
     let kubectl = e2e::binaries::kubectl()?;
-    // Everything the demo runs later, checked now: a program missing from the binaries
-    // cache must fail here, by name, not halfway through the demo.
-    for (name, path) in [
+    require_programs(&[
         ("myresource-operator", &operator),
         ("etcd", &control_plane.etcd),
         ("kube-apiserver", &control_plane.kube_apiserver),
@@ -36,9 +33,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
             &control_plane.kube_controller_manager,
         ),
         ("kubectl", &kubectl),
-    ] {
-        require_program(name, path)?;
-    }
+    ])?;
     step(&format!(
         "starting a local control plane in {}",
         dir.display()
@@ -46,23 +41,18 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
     let mut cluster = Cluster::start(ClusterConfig {
         dir,
         otlp_endpoint: None,
-        lifetime: if keep {
-            Lifetime::Detached
-        } else {
-            Lifetime::TiedToThisProcess
-        },
+        lifetime: lifetime(keep),
         crds: Vec::new(),
     })
     .await?;
     let result = demo(&mut cluster, root, &operator, &kubectl, started).await;
     if result.is_ok() && keep {
-        println!("\nLeft running. Try:");
-        println!("  export KUBECONFIG={}", cluster.kubeconfig.display());
-        println!("  {} get myr", kubectl.display());
-        println!("Replica logs: {}/replica-*.log", cluster.dir.display());
-        println!(
-            "Stop it all: cargo xtask cluster down --dir {}",
-            cluster.dir.display()
+        left_running(
+            &cluster,
+            &[
+                format!("{} get myr", kubectl.display()),
+                format!("replica logs: {}/replica-*.log", cluster.dir.display()),
+            ],
         );
         return Ok(());
     }
@@ -78,10 +68,7 @@ async fn demo(
     kubectl: &Path,
     started: Instant,
 ) -> Result<()> {
-    let kc = Kubectl {
-        path: kubectl.to_path_buf(),
-        kubeconfig: cluster.kubeconfig.clone(),
-    };
+    let kc = Kubectl::new(kubectl, cluster);
     println!(
         "    ready at {} ({:.1} s so far)",
         cluster.server,
