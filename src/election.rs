@@ -526,6 +526,10 @@ impl Driver {
             }
             let now = Instant::now();
             let outcome = if self.elector.is_leader(now) {
+                if let Some(watch) = &self.holder_pod {
+                    // No holder to watch but ourselves.
+                    watch.follow("");
+                }
                 let at = self.elector.next_renew().unwrap_or(now);
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
