@@ -52,6 +52,13 @@ pub struct RunArgs {
     #[arg(long, env = "OPERATOR_IDENTITY")]
     pub identity: Option<String>,
 
+    /// In a Pod: the label selector of this operator's Pods in its namespace (the chart
+    /// sets its selector labels). A releasing leader names a successor among them, and
+    /// followers watch the holder's among them for a crash. Default: this Pod's own labels
+    /// without `pod-template-hash` and the like.
+    #[arg(long, env = "REPLICA_SELECTOR")]
+    pub replica_selector: Option<String>,
+
     /// Where /metrics is served.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,

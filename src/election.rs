@@ -61,10 +61,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::crash::{self, Exit};
-use crate::holder_pod::HolderPod;
 use crate::leadership::{Leadership, Transition};
 use crate::metrics::Metrics;
 use crate::pod::PodInfo;
+use crate::replicas::{Pods, Replicas};
+use crate::succession;
 use crate::throttle::{Throttle, Verdict};
 
 /// Lease timings.
@@ -129,6 +130,9 @@ struct Observation {
     since: Instant,
     /// The holder Pod's uid, as the Lease's [`crash::HOLDER_UID`] annotation names it.
     holder_uid: Option<String>,
+    /// The successor a released record names ([`succession::SUCCESSOR`]), while it may
+    /// still be live.
+    successor: Option<String>,
 }
 
 impl Observation {
@@ -140,6 +144,11 @@ impl Observation {
 /// The holder Pod's uid a Lease is annotated with.
 fn holder_uid_of(lease: &Lease) -> Option<String> {
     lease.annotations().get(crash::HOLDER_UID).cloned()
+}
+
+/// The successor a Lease names.
+fn successor_of(lease: &Lease) -> Option<String> {
+    lease.annotations().get(succession::SUCCESSOR).cloned()
 }
 
 /// The holder a record names ("" when released or cleared).
@@ -287,6 +296,7 @@ impl Elector {
             // unless we could not look for a while.
             obs.resource_version = rv;
             obs.holder_uid = holder_uid;
+            obs.successor = successor_of(lease);
             if blind && obs.holder() != self.identity {
                 obs.since = now;
             }
@@ -307,6 +317,7 @@ impl Elector {
             spec,
             since: now,
             holder_uid,
+            successor: successor_of(lease),
         });
     }
 
@@ -360,8 +371,10 @@ impl Elector {
         };
         let mine = self.is_ours(obs);
         let ended = self.exited.as_ref() == Some(&obs.spec);
-        let takeable = if obs.holder().is_empty() || ended {
+        let takeable = if ended {
             now
+        } else if obs.holder().is_empty() {
+            self.standing_back(obs).unwrap_or(now)
         } else {
             self.expiry_of(obs)
         };
@@ -425,6 +438,34 @@ impl Elector {
         }
     }
 
+    /// Until when this replica leaves a released record to the successor it names: one
+    /// retry period after the release was observed, unless we are that successor (see
+    /// [`succession`]).
+    fn standing_back(&self, obs: &Observation) -> Option<Instant> {
+        let successor = obs.successor.as_deref()?;
+        let ours = self.pod.as_ref().map(|p| p.name.as_str());
+        (ours != Some(successor)).then(|| obs.since + self.timings.retry_period)
+    }
+
+    /// The successor the released record names, if it may still take it.
+    pub fn successor(&self) -> Option<&str> {
+        let obs = self.observed.as_ref()?;
+        obs.successor.as_deref().filter(|_| obs.holder().is_empty())
+    }
+
+    /// Records that the named successor is not live (gone, being deleted, not Ready):
+    /// nobody stands back for it any longer.
+    pub fn successor_lost(&mut self) {
+        if let Some(obs) = self.observed.as_mut() {
+            obs.successor = None;
+        }
+    }
+
+    /// This replica's Pod name (in a Pod).
+    pub fn pod_name(&self) -> Option<&str> {
+        self.pod.as_ref().map(|p| p.name.as_str())
+    }
+
     /// Whether a record is this process's own: it names us, and we have held the Lease.
     fn is_ours(&self, obs: &Observation) -> bool {
         self.held && obs.holder() == self.identity
@@ -442,14 +483,16 @@ impl Elector {
             spec: written.spec.clone().unwrap_or_default(),
             since: started,
             holder_uid: holder_uid_of(written),
+            successor: None,
         });
         self.renewed_at = Some(started);
         !was_leader
     }
 
-    /// The Lease that releases our hold: empty holder, `leaseDurationSeconds: 1`. `None`
-    /// when the last record we saw does not name us.
-    pub fn release(&self, wall: Timestamp) -> Option<Lease> {
+    /// The Lease that releases our hold: empty holder, `leaseDurationSeconds: 1`, and the
+    /// `successor`'s Pod name if there is one. `None` when the last record we saw does not
+    /// name us.
+    pub fn release(&self, wall: Timestamp, successor: Option<String>) -> Option<Lease> {
         let obs = self.observed.as_ref().filter(|o| self.is_ours(o))?;
         let spec = LeaseSpec {
             holder_identity: Some(String::new()),
@@ -457,7 +500,13 @@ impl Elector {
             renew_time: Some(MicroTime(wall)),
             ..obs.spec.clone()
         };
-        Some(self.lease(spec, Some(obs.resource_version.clone())))
+        let mut lease = self.lease(spec, Some(obs.resource_version.clone()));
+        if let Some(successor) = successor {
+            lease
+                .annotations_mut()
+                .insert(succession::SUCCESSOR.into(), successor);
+        }
+        Some(lease)
     }
 
     /// Forgets leadership (after a failed renew past the deadline, or a release).
@@ -481,11 +530,11 @@ fn random_fraction() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Resolves when `pod` sees a change; never without a receiver.
-async fn changed(pod: Option<tokio::sync::watch::Receiver<Option<Arc<Pod>>>>) {
-    match pod {
-        Some(mut pod) => {
-            if pod.changed().await.is_err() {
+/// Resolves when `pods` sees a change; never without a receiver.
+async fn changed(pods: Option<tokio::sync::watch::Receiver<Arc<Pods>>>) {
+    match pods {
+        Some(mut pods) => {
+            if pods.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
         }
@@ -503,9 +552,9 @@ pub struct Driver {
     pub elector: Elector,
     pub leadership: Leadership,
     pub metrics: Arc<Metrics>,
-    /// The holder's Pod, watched while following (in a Pod only): a proven crash is taken
-    /// over at once.
-    pub holder_pod: Option<HolderPod>,
+    /// The replicas' Pods (in a Pod only): a holder's proven crash is taken over at once,
+    /// and a release names a successor.
+    pub replicas: Option<Replicas>,
 }
 
 impl Driver {
@@ -526,10 +575,6 @@ impl Driver {
             }
             let now = Instant::now();
             let outcome = if self.elector.is_leader(now) {
-                if let Some(watch) = &self.holder_pod {
-                    // No holder to watch but ourselves.
-                    watch.follow("");
-                }
                 let at = self.elector.next_renew().unwrap_or(now);
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
@@ -547,7 +592,7 @@ impl Driver {
                 match self.read().await {
                     Err(err) => Err(err),
                     Ok(()) => {
-                        let holder_pod = self.follow_holder();
+                        let pods = self.observe_replicas();
                         match self.elector.next_action(Instant::now(), Timestamp::now()) {
                             Action::WaitUntil(until) => {
                                 let retry = Instant::now() + self.elector.timings().retry_period;
@@ -555,7 +600,7 @@ impl Driver {
                                 tokio::select! {
                                     _ = shutdown.cancelled() => break,
                                     _ = self.watch_until(until) => {}
-                                    _ = changed(holder_pod) => {}
+                                    _ = changed(pods) => {}
                                 }
                                 Ok(())
                             }
@@ -582,19 +627,31 @@ impl Driver {
         self.release().await;
     }
 
-    /// Points the holder-Pod watch at the current holder and records what it last saw;
-    /// returns what wakes on the Pod's next change (`None` outside a Pod).
-    fn follow_holder(&mut self) -> Option<tokio::sync::watch::Receiver<Option<Arc<Pod>>>> {
-        let watch = self.holder_pod.as_ref()?;
+    /// Records what the replicas' Pods show about the holder (a proven exit) and about a
+    /// named successor (no longer live); returns what wakes on their next change (`None`
+    /// outside a Pod).
+    fn observe_replicas(&mut self) -> Option<tokio::sync::watch::Receiver<Arc<Pods>>> {
+        let mut next = self.replicas.as_ref()?.subscribe();
+        let pods = next.borrow_and_update().clone();
         let holder = self.elector.holder().to_string();
-        watch.follow(&holder);
-        let (pod, next) = watch.current();
-        if let Some(exit) = pod.and_then(|pod| self.elector.observe_holder_pod(&pod)) {
+        if let Some(exit) = pods
+            .get(&holder)
+            .and_then(|pod| self.elector.observe_holder_pod(pod))
+        {
             info!(
                 holder,
                 exit = exit.as_str(),
                 "the holder's process has exited (its Pod says so): taking over without waiting for the lease"
             );
+        }
+        if let Some(successor) = self.elector.successor().map(str::to_string)
+            && !pods.get(&successor).is_some_and(|p| succession::is_live(p))
+        {
+            info!(
+                successor,
+                "the successor named by the release is not live: taking the Lease without standing back"
+            );
+            self.elector.successor_lost();
         }
         Some(next)
     }
@@ -759,7 +816,14 @@ impl Driver {
     /// is already closed (by [`Leadership`]'s shutdown) when this runs.
     async fn release(&mut self) {
         self.elector.step_down();
-        let Some(lease) = self.elector.release(Timestamp::now()) else {
+        let successor = self
+            .replicas
+            .as_ref()
+            .zip(self.elector.pod_name())
+            .and_then(|(replicas, me)| {
+                succession::successor(replicas.pods().values().map(AsRef::as_ref), me)
+            });
+        let Some(lease) = self.elector.release(Timestamp::now(), successor.clone()) else {
             return;
         };
         let span = info_span!(
@@ -775,7 +839,11 @@ impl Driver {
             .await;
         let _entered = span.enter();
         match result {
-            Ok(Ok(_)) => info!(identity = self.elector.identity(), "released the Lease"),
+            Ok(Ok(_)) => info!(
+                identity = self.elector.identity(),
+                successor = successor.as_deref().unwrap_or(""),
+                "released the Lease"
+            ),
             Ok(Err(err)) => {
                 warn!(error = %err, "releasing the Lease failed; followers take over when it expires")
             }
@@ -1074,7 +1142,7 @@ mod tests {
         let t = Instant::now();
         e.observe_absent();
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
-        let released = e.release(wall()).unwrap();
+        let released = e.release(wall(), None).unwrap();
         let spec = released.spec.unwrap();
         assert_eq!(spec.holder_identity.as_deref(), Some(""));
         assert_eq!(spec.lease_duration_seconds, Some(1));
@@ -1082,7 +1150,52 @@ mod tests {
         // A follower cannot release what it does not hold.
         let mut f = Elector::new("f", "l", "ns", timings());
         f.observe(&lease("other", "3", wall()), t);
-        assert!(f.release(wall()).is_none());
+        assert!(f.release(wall(), None).is_none());
+    }
+
+    /// Issue 16, item 2: a release naming a successor lets it take the Lease at once; the
+    /// others stand back one retry period, or not at all once it is known not to be live.
+    #[test]
+    fn a_named_successor_takes_a_release_first() {
+        let in_pod = |name: &str| {
+            Elector::new(name, "l", "ns", timings()).in_pod(Some(PodInfo {
+                name: name.into(),
+                ..Default::default()
+            }))
+        };
+        let t = Instant::now();
+        let mut leader = in_pod("old");
+        leader.observe_absent();
+        let record = written(leader.next_action(t, wall()), "1");
+        leader.succeeded(&record, t);
+        let mut released = leader.release(later(), Some("new".into())).unwrap();
+        released.metadata.resource_version = Some("2".into());
+        assert_eq!(successor_of(&released).as_deref(), Some("new"));
+
+        let (mut successor, mut other) = (in_pod("new"), in_pod("other"));
+        for follower in [&mut successor, &mut other] {
+            follower.observe(&record, t);
+            follower.observe(&released, t + Duration::from_secs(1));
+        }
+        let now = t + Duration::from_secs(1);
+        assert!(matches!(
+            successor.next_action(now, wall()),
+            Action::Replace(_)
+        ));
+        assert_eq!(
+            other.next_action(now, wall()),
+            Action::WaitUntil(now + Duration::from_secs(2))
+        );
+        assert_eq!(other.successor(), Some("new"));
+        assert!(matches!(
+            other.next_action(now + Duration::from_secs(2), wall()),
+            Action::Replace(_)
+        ));
+        other.successor_lost();
+        assert!(matches!(other.next_action(now, wall()), Action::Replace(_)));
+        // Once someone holds it, there is no successor to wait for.
+        other.observe(&lease("new", "3", wall()), now);
+        assert_eq!(other.successor(), None);
     }
 
     /// Issue 13, item 5: a relabel every 2 s kept a dead leader alive.
@@ -1178,7 +1291,7 @@ mod tests {
         let t = Instant::now();
         holder.observe_absent();
         holder.succeeded(&written(holder.next_action(t, wall()), "5"), t);
-        let mut released = holder.release(later()).unwrap();
+        let mut released = holder.release(later(), None).unwrap();
         released.metadata.resource_version = Some("6".into());
 
         let mut e = Elector::new("me", "l", "ns", timings());
@@ -1268,7 +1381,11 @@ mod tests {
             after.next_action(seen, wall()),
             Action::WaitUntil(seen + Duration::from_secs(15))
         );
-        assert_eq!(after.release(wall()), None, "not its record to release");
+        assert_eq!(
+            after.release(wall(), None),
+            None,
+            "not its record to release"
+        );
         // Once it has expired the successor takes it as a new term.
         let Action::Replace(l) = after.next_action(seen + Duration::from_secs(15), wall()) else {
             panic!("expected a takeover")

@@ -18,6 +18,8 @@
 //!                                                                       │ when closed, deadline
 //!                                                                       ▼ = fence expiry
 //! Lease ◄─ replace ─ election ─► leadership (fence, role, metric, term, shutdown order)
+//!                      ▲
+//!   the operator's Pods (replicas): the holder's crash, a release's successor, own deletion
 //! ```
 //!
 //! `main` only wires: it makes the one [`metrics::Metrics`] and hands it to the parts that
@@ -32,7 +34,6 @@ pub mod election;
 pub mod endpoints;
 pub mod events;
 pub mod fence;
-pub mod holder_pod;
 pub mod key;
 pub mod kubeclient;
 pub mod leadership;
@@ -40,7 +41,9 @@ pub mod metrics;
 pub mod pod;
 pub mod queue;
 pub mod reconcile;
+pub mod replicas;
 pub mod resource;
 pub mod shard;
+pub mod succession;
 pub mod telemetry;
 pub mod throttle;

@@ -11,11 +11,11 @@ use myresource_operator::election::{Driver, Elector};
 use myresource_operator::endpoints::{self, Health};
 use myresource_operator::events::Publisher;
 use myresource_operator::fence::Fence;
-use myresource_operator::holder_pod::HolderPod;
 use myresource_operator::leadership::{self, Leadership, Terms};
 use myresource_operator::metrics::{Metrics, State};
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
+use myresource_operator::replicas::Replicas;
 use myresource_operator::shard::Shards;
 use myresource_operator::{cache, kubeclient, pod, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
@@ -117,6 +117,15 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         fence: fence.clone(),
     });
 
+    // The operator's own Pods, watched from the start so that they are known before this
+    // replica campaigns.
+    let replicas = pod.as_ref().map(|pod| {
+        Replicas::start(
+            Api::namespaced(clients.election.clone(), &pod.namespace),
+            &pod.name,
+            args.replica_selector.clone(),
+        )
+    });
     let mut terminate = signal(SignalKind::terminate())?;
     // Campaign only with synced caches: a leader must find every object in its stores.
     tokio::select! {
@@ -126,18 +135,10 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     }
 
     let leadership = Leadership::new(fence, &args.lease_name, &identity, metrics.clone());
-    let own_pod = pod.as_ref().map(|pod| {
-        (
-            Api::namespaced(clients.election.clone(), &pod.namespace),
-            pod.name.clone(),
-        )
-    });
     let stop_election = CancellationToken::new();
     let election = tokio::spawn(
         Driver {
-            holder_pod: pod.as_ref().map(|pod| {
-                HolderPod::start(Api::namespaced(clients.election.clone(), &pod.namespace))
-            }),
+            replicas: replicas.clone(),
             api: Api::namespaced(clients.election, &lease_namespace),
             elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings)
                 .in_pod(pod.clone()),
@@ -154,9 +155,9 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     };
     let stop = async {
         let deleting = async {
-            match own_pod {
-                Some((api, name)) => pod::deleting(api, &name).await,
-                None => std::future::pending().await,
+            match (&replicas, &pod) {
+                (Some(replicas), Some(pod)) => replicas.deleting(&pod.name).await,
+                _ => std::future::pending().await,
             }
         };
         tokio::select! {

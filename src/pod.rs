@@ -9,20 +9,15 @@
 //!   deletion.
 //! - The Pod's uid goes on every Lease this replica writes, so that followers can tell the
 //!   holder's Pod from a later one of the same name (see [`crate::crash`]).
-//! - The Pod's name and namespace: a replica watches its own Pod and stops as soon as the
-//!   Pod is being deleted ([`deleting`]), before the kubelet's SIGTERM arrives, so a leader
-//!   Pod's deletion hands over as fast as the API server can tell the replicas.
+//! - The Pod's name and namespace: a replica watches its own Pod and its peers
+//!   ([`crate::replicas`]) and stops as soon as its Pod is being deleted, before the
+//!   kubelet's SIGTERM arrives, so a leader Pod's deletion hands over as fast as the API
+//!   server can tell the replicas.
 //!
 //! Outside a Pod (a kubeconfig, a user's token) there is neither: the Lease has no owner and
 //! crashes are detected by lease expiry only.
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use tracing::warn;
 
 /// What the token says about this replica's Pod.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -32,31 +27,6 @@ pub struct PodInfo {
     pub name: String,
     pub namespace: String,
     pub uid: String,
-}
-
-/// Resolves once the Pod `name` of `api` (this replica's) is being deleted: a stop that the
-/// kubelet's SIGTERM would only bring later. Never resolves when the Pod cannot be watched
-/// (said once in the log): the SIGTERM still comes.
-pub async fn deleting(api: Api<Pod>, name: &str) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
-    let mut warned = false;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Apply(pod) | Event::InitApply(pod))
-                if pod.metadata.deletion_timestamp.is_some() =>
-            {
-                return;
-            }
-            Ok(_) => {}
-            Err(err) => {
-                if !std::mem::replace(&mut warned, true) {
-                    warn!(pod = name, error = %err, "cannot watch this replica's Pod: its deletion is noticed at the kubelet's SIGTERM only");
-                }
-            }
-        }
-    }
-    std::future::pending().await
 }
 
 /// Where a Pod's ServiceAccount token is mounted.

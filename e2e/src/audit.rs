@@ -1,6 +1,7 @@
 //! Reading the apiserver's audit log (JSON lines, `audit.k8s.io/v1` Event).
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::jiff::Timestamp;
@@ -143,6 +144,33 @@ pub fn acquisitions(events: &[AuditEvent], namespace: &str, name: &str) -> Vec<A
         }
     }
     terms
+}
+
+/// How leadership moved over a span of terms (a rollout's, say).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Handovers {
+    /// Terms begun by a replica (releases not counted).
+    pub moves: usize,
+    /// The longest time from a release to the next acquisition.
+    pub longest_gap: Duration,
+    /// The holder at the end ("" when released).
+    pub last_holder: String,
+}
+
+/// The handovers among `terms` (from [`acquisitions`]) begun at or after `from`.
+pub fn handovers(terms: &[Acquisition], from: Timestamp) -> Handovers {
+    let terms: Vec<&Acquisition> = terms.iter().filter(|t| t.at >= from).collect();
+    let longest_gap = terms
+        .windows(2)
+        .filter(|w| w[0].holder.is_empty() && !w[1].holder.is_empty())
+        .map(|w| w[1].at.duration_since(w[0].at).unsigned_abs())
+        .max()
+        .unwrap_or_default();
+    Handovers {
+        moves: terms.iter().filter(|t| !t.holder.is_empty()).count(),
+        longest_gap,
+        last_holder: terms.last().map(|t| t.holder.clone()).unwrap_or_default(),
+    }
 }
 
 /// Successful writes to MyResources (any subresource), ConfigMaps or Events in `namespace`

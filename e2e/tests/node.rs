@@ -3,7 +3,7 @@
 //! Running and Ready with exactly one leader, the tutorial's example reconciled in the
 //! `default` namespace with nothing but the chart's RBAC, the leader Pod deleted, the
 //! leader's container SIGKILLed from the host, a rolling `helm upgrade` without an
-//! overlapping write, and `helm uninstall` leaving no operator object behind.
+//! overlapping write and with one leadership move, onto the new template, and `helm uninstall` leaving no operator object behind.
 //!
 //! One test, in order: each step starts from the state the previous one left, as a user's
 //! session would. The Lease timings are the chart's defaults (15 s / 10 s / 2 s).
@@ -24,6 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, Subject};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use myresource_operator::resource::MyResource;
@@ -198,7 +199,9 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     wait_for_message(&env.client, "after the kill").await?;
 
     // 6. helm upgrade with a new Pod template: the rollout completes, one leader at a time,
-    //    no overlapping write.
+    //    no overlapping write, and leadership moves once, onto a Pod of the new template
+    //    (the releasing leader names it as its successor).
+    let rollout_began = Timestamp::now();
     run(
         helm(&env)?.args(["upgrade", RELEASE]).arg(&chart).args([
             "--reuse-values",
@@ -229,6 +232,16 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     let log = audit::read(env.shared.audit_log.as_deref().context("an audit log")?)?;
     let terms = audit::acquisitions(&log, &env.namespace, LEASE);
     ensure!(terms.len() >= 3, "terms of the whole session: {terms:?}");
+    let handovers = audit::handovers(&terms, rollout_began);
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let leader = pods.get(&handovers.last_holder).await?;
+    ensure!(
+        handovers.moves == 1
+            && leader.annotations().get("rollout").map(String::as_str) == Some("second"),
+        "leadership during the rollout: {handovers:?}, ending on {} with annotations {:?}",
+        handovers.last_holder,
+        leader.annotations()
+    );
     let overlapping = audit::overlapping_writes(&log, "default", &terms);
     ensure!(
         overlapping.is_empty(),

@@ -15,6 +15,11 @@ app.kubernetes.io/name: {{ include "myresource-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The selector labels as a label selector, for the replicas to find each other. */}}
+{{- define "myresource-operator.selector" -}}
+app.kubernetes.io/name={{ include "myresource-operator.name" . }},app.kubernetes.io/instance={{ .Release.Name }}
+{{- end -}}
+
 {{- define "myresource-operator.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ include "myresource-operator.selectorLabels" . }}

@@ -4,8 +4,9 @@
 //! does, through the API, so the tool's own start is not counted); each
 //! time a change is made right after the fault, and the sample is the time from the fault
 //! until the change is in the ConfigMap: the new leader's first reconcile and its write.
-//! Then five `helm upgrade`s that change the Pod template: how often leadership moved
-//! during each rollout and the longest time without a holder, from the audit log.
+//! Then N `helm upgrade`s that change the Pod template: how often leadership moved during
+//! each rollout, the longest time without a holder (from the audit log), and whether it
+//! ended on a Pod of the new template.
 //! Writes `target/bench/pods/report.{json,md}`.
 
 use std::path::Path;
@@ -21,7 +22,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use myresource_operator::resource::MyResource;
 use serde_json::json;
 
@@ -33,7 +34,6 @@ const RELEASE: &str = "mro";
 const RELEASE_DEPLOYMENT: &str = "mro-myresource-operator";
 const EXAMPLE: &str = "example-myresource";
 const LIMIT: Duration = Duration::from_secs(120);
-const ROLLOUTS: usize = 5;
 
 #[derive(Clone, Copy)]
 enum Fault {
@@ -88,21 +88,10 @@ async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report
         }
     }
     let mut report = Report::new();
-    let line = |what: &str, samples: &[f64]| {
-        let ms = |p| e2e::stats::percentile(samples, p) * 1000.0;
-        format!(
-            "{what} ({} runs, 15/10/2 s): min {:.0} ms, median {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-            samples.len(),
-            ms(0.0),
-            ms(50.0),
-            ms(99.0),
-            ms(100.0)
-        )
-    };
     report.record(
         "pod_container_sigkill_seconds",
         e2e::stats::summary(&killed),
-        line(
+        line_ms(
             "leader container SIGKILLed from the host → a change made after it reconciled",
             &killed,
         ),
@@ -110,25 +99,37 @@ async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report
     report.record(
         "pod_delete_seconds",
         e2e::stats::summary(&deleted),
-        line(
+        line_ms(
             "kubectl delete pod of the leader → a change made after it reconciled",
             &deleted,
         ),
     );
-    let (moves, gaps) = rollouts(cluster, &client, ROLLOUTS).await?;
+    let rollouts = rollouts(cluster, &client, runs).await?;
+    let moves: Vec<usize> = rollouts.iter().map(|r| r.handovers.moves).collect();
+    let exactly_one = moves.iter().filter(|m| **m == 1).count();
     report.record(
         "rollout_leadership_moves",
         json!(moves),
         format!(
-            "leadership moves per rollout of three replicas ({ROLLOUTS} helm upgrades): {moves:?}"
+            "leadership moves per rollout of three replicas ({runs} helm upgrades): exactly one in {exactly_one} of {runs}; {moves:?}"
         ),
     );
+    let landed = rollouts.iter().filter(|r| r.landed_on_new).count();
+    report.record(
+        "rollout_landed_on_the_new_template",
+        json!(landed),
+        format!("leadership ended on a Pod of the new template in {landed} of {runs} rollouts"),
+    );
+    let gaps: Vec<f64> = rollouts
+        .iter()
+        .map(|r| r.handovers.longest_gap.as_secs_f64())
+        .collect();
     report.record(
         "rollout_longest_leaderless_gap_seconds",
-        json!(gaps),
-        format!(
-            "longest time without a holder per rollout (release to next acquisition, audit log): {}",
-            gaps.iter().map(|g| format!("{:.0} ms", g * 1000.0)).collect::<Vec<_>>().join(", ")
+        e2e::stats::summary(&gaps),
+        line_ms(
+            "longest time without a holder per rollout (release to next acquisition, audit log)",
+            &gaps,
         ),
     );
     let restarted = took_over_by.iter().filter(|same| **same).count();
@@ -141,6 +142,19 @@ async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report
         ),
     );
     Ok(report)
+}
+
+/// A report line: `samples` (seconds) as min, median, p99 and max in milliseconds.
+fn line_ms(what: &str, samples: &[f64]) -> String {
+    let ms = |p| e2e::stats::percentile(samples, p) * 1000.0;
+    format!(
+        "{what} ({} runs, 15/10/2 s): min {:.0} ms, median {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        samples.len(),
+        ms(0.0),
+        ms(50.0),
+        ms(99.0),
+        ms(100.0)
+    )
 }
 
 /// One fault; returns the seconds until a change made after it was reconciled, and whether
@@ -194,25 +208,29 @@ async fn once(client: &Client, fault: Fault, run: usize) -> Result<(f64, bool)> 
     Ok((seconds, holder == leader))
 }
 
-/// `count` rollouts (`helm upgrade` with a new Pod annotation); per rollout, the number of
-/// terms begun and the longest gap between a release and the next acquisition.
-async fn rollouts(
-    cluster: &Cluster,
-    client: &Client,
-    count: usize,
-) -> Result<(Vec<usize>, Vec<f64>)> {
+/// One rollout's handovers, and whether leadership ended on a Pod of the new template.
+struct Rollout {
+    handovers: e2e::audit::Handovers,
+    landed_on_new: bool,
+}
+
+/// `count` rollouts (`helm upgrade` with a new Pod annotation), each measured from the
+/// audit log.
+async fn rollouts(cluster: &Cluster, client: &Client, count: usize) -> Result<Vec<Rollout>> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let (mut moves, mut gaps) = (Vec::new(), Vec::new());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut rollouts = Vec::new();
     for i in 0..count {
         e2e::chart::ready_pods(client, NAMESPACE, RELEASE, 3, LIMIT).await?;
         wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
         let from = Timestamp::now();
+        let mark = format!("r{i}");
         let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
         e2e::process::run(
             helm.args(["upgrade", RELEASE])
                 .arg(e2e::operator::workspace_root().join("charts/myresource-operator"))
                 .args(["--namespace", NAMESPACE, "--reuse-values"])
-                .args(["--set", &format!("podAnnotations.rollout=r{i}")]),
+                .args(["--set", &format!("podAnnotations.rollout={mark}")]),
             None,
         )?;
         e2e::wait::poll("the rollout to complete", LIMIT, || async {
@@ -225,24 +243,23 @@ async fn rollouts(
             Ok(done.then_some(()))
         })
         .await?;
-        wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
+        let holder = wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
         let log = e2e::audit::read(&cluster.audit_log)?;
-        let terms: Vec<_> = e2e::audit::acquisitions(&log, NAMESPACE, e2e::lease::NAME)
-            .into_iter()
-            .filter(|t| t.at >= from)
-            .collect();
-        moves.push(terms.iter().filter(|t| !t.holder.is_empty()).count());
-        let gap = terms
-            .windows(2)
-            .filter(|w| w[0].holder.is_empty() && !w[1].holder.is_empty())
-            .map(|w| w[1].at.duration_since(w[0].at).as_secs_f64())
-            .fold(0.0, f64::max);
+        let terms = e2e::audit::acquisitions(&log, NAMESPACE, e2e::lease::NAME);
+        let handovers = e2e::audit::handovers(&terms, from);
+        let landed_on_new = pods
+            .get_opt(&holder)
+            .await?
+            .is_some_and(|p| p.annotations().get("rollout") == Some(&mark));
         eprintln!(
-            "    rollout {i}: {} moves, longest gap {:.0} ms",
-            moves[i],
-            gap * 1000.0
+            "    rollout {i}: {} moves, longest gap {:.0} ms, on the new template: {landed_on_new}",
+            handovers.moves,
+            handovers.longest_gap.as_secs_f64() * 1000.0
         );
-        gaps.push(gap);
+        rollouts.push(Rollout {
+            handovers,
+            landed_on_new,
+        });
     }
-    Ok((moves, gaps))
+    Ok(rollouts)
 }
