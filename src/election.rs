@@ -563,6 +563,8 @@ impl Driver {
         let mut failures = Throttle::new(LOG_EVERY);
         // After a failed request: no new attempt before this.
         let mut pause: Option<Instant> = None;
+        // The Lease watch just delivered the record: no need to GET it again.
+        let mut watched = false;
         loop {
             if let Some(until) = pause.take() {
                 tokio::select! {
@@ -589,7 +591,12 @@ impl Driver {
                         "renew deadline passed without a successful renew",
                     );
                 }
-                match self.read().await {
+                let read = if std::mem::take(&mut watched) {
+                    Ok(())
+                } else {
+                    self.read().await
+                };
+                match read {
                     Err(err) => Err(err),
                     Ok(()) => {
                         let pods = self.observe_replicas();
@@ -599,7 +606,7 @@ impl Driver {
                                 let until = until.min(retry).max(Instant::now());
                                 tokio::select! {
                                     _ = shutdown.cancelled() => break,
-                                    _ = self.watch_until(until) => {}
+                                    observed = self.watch_until(until) => watched = observed,
                                     _ = changed(pods) => {}
                                 }
                                 Ok(())
@@ -760,8 +767,9 @@ impl Driver {
         }
     }
 
-    /// Waits until `until` or the next change of the Lease, whichever comes first.
-    async fn watch_until(&mut self, until: Instant) {
+    /// Waits until `until` or the next change of the Lease, whichever comes first; returns
+    /// whether a change was observed (recorded as a read is).
+    async fn watch_until(&mut self, until: Instant) -> bool {
         let Some(rv) = self
             .elector
             .observed
@@ -769,7 +777,7 @@ impl Driver {
             .map(|o| o.resource_version.clone())
         else {
             tokio::time::sleep_until(until.into()).await;
-            return;
+            return false;
         };
         let seconds = until
             .saturating_duration_since(Instant::now())
@@ -781,31 +789,31 @@ impl Driver {
         let deadline = tokio::time::sleep_until(until.into());
         tokio::pin!(deadline);
         let stream = tokio::select! {
-            _ = &mut deadline => return,
+            _ = &mut deadline => return false,
             stream = self.api.watch(&params, &rv) => stream,
         };
         let Ok(stream) = stream else {
             deadline.await;
-            return;
+            return false;
         };
         let mut stream = std::pin::pin!(stream);
         loop {
             tokio::select! {
-                _ = &mut deadline => return,
+                _ = &mut deadline => return false,
                 event = stream.next() => match event {
                     Some(Ok(WatchEvent::Modified(lease) | WatchEvent::Added(lease))) => {
                         self.elector.observe(&lease, Instant::now());
-                        return;
+                        return true;
                     }
                     Some(Ok(WatchEvent::Deleted(_))) => {
                         self.elector.observe_absent();
-                        return;
+                        return true;
                     }
                     Some(Ok(_)) => {}
                     // The watch ended or failed: fall back to waiting for the deadline.
                     Some(Err(_)) | None => {
                         deadline.await;
-                        return;
+                        return false;
                     }
                 },
             }

@@ -3,13 +3,14 @@
 //! - `cluster up|down [--dir DIR] [--node]`: a local control plane that outlives the command,
 //!   with a real node when asked; `cluster probe runc|kubelet`: NODE.md's fail-fast checks;
 //! - `test`: every test (unit and end-to-end against a real control plane), eleven seeded
-//!   chaos rounds (one of each fault kind), the demo once with an empty binaries cache (the
+//!   chaos rounds (one of each fault kind) and six in-cluster ones, the demo once with an empty binaries cache (the
 //!   first-use path), then a check that no control-plane process was left behind;
 //! - `bench`: measurements (throughput against the API server's write ceiling, latency,
 //!   takeover, memory, telemetry, failover and handover) written to
 //!   `target/bench/report.{json,md}`; xtask reruns itself from a release build for it;
-//! - `chaos`: seeded faults against three replicas under a workload, with the invariants
-//!   checked; writes `target/chaos/report.{json,md}` and `timeline.svg`;
+//! - `chaos [--in-cluster]`: seeded faults against three replicas (processes, or the
+//!   chart's Pods on a node) under a workload, with the invariants checked; writes
+//!   `target/chaos/` (or `target/chaos-in-cluster/`): `report.{json,md}`, `timeline.svg`;
 //! - `image [--dir DIR]`: the operator's container image, built without Docker and loaded
 //!   into the node of the cluster in DIR; prints the image reference last;
 //! - `demo [--processes]`: the main job end to end, on a real node with the chart (or, with
@@ -260,13 +261,18 @@ fn test(cargo_args: &[String]) -> Result<()> {
     }
     let mut status = cargo.status().context("running cargo test")?;
     if status.success() && !use_existing {
-        // Every run exercises failover: a short seeded chaos run (each fault kind once).
-        let chaos = Command::new(std::env::current_exe()?)
-            .args(["chaos", "--rounds", "11", "--seed", "1"])
-            .status()
-            .context("running the chaos suite")?;
-        if !chaos.success() {
-            status = chaos;
+        // Every run exercises failover: a short seeded chaos run (each fault kind once),
+        // against processes and against the chart's Pods on a node.
+        for extra in [&["--rounds", "11"][..], &["--in-cluster", "--rounds", "6"]] {
+            let chaos = Command::new(std::env::current_exe()?)
+                .args(["chaos", "--seed", "1"])
+                .args(extra)
+                .status()
+                .context("running the chaos suite")?;
+            if !chaos.success() {
+                status = chaos;
+                break;
+            }
         }
     }
     let first_use = if use_existing {

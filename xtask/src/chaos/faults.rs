@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use e2e::foreign_lease;
 use e2e::lease::{self, TEST_TIMINGS, Timings};
 use e2e::overload_proxy::{Overload, OverloadStats};
@@ -85,6 +85,11 @@ impl Chaos {
                 hit.leader = long;
             }
             Fault::ApiserverOverload => self.overload(leader, &mut hit).await,
+            Fault::PodDelete
+            | Fault::ContainerKill
+            | Fault::PodFreeze
+            | Fault::PodNetworkCut
+            | Fault::Rollout => bail!("{} needs a cluster: --in-cluster", fault.kind()),
         }
         Ok(hit)
     }

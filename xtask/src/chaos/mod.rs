@@ -10,6 +10,8 @@
 //! still names the replica's user and user agent.
 //!
 //! - [`schedule`]: the fault kinds and the seeded order of the rounds;
+//! - [`in_cluster`] (`--in-cluster`): the same rounds and checks against the chart's Pods
+//!   on a local node, with the faults users cause to Pods;
 //! - [`replicas`]: the replica slots, their proxies and configuration;
 //! - [`faults`]: injecting a fault and waiting for the recovery;
 //! - [`workload`]: the steady workload the faults strike under;
@@ -21,6 +23,7 @@
 
 mod checks;
 mod faults;
+mod in_cluster;
 mod replicas;
 mod report;
 mod schedule;
@@ -54,6 +57,11 @@ pub struct ChaosArgs {
     /// Seed for the choice of faults and the workload.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Against the chart's Pods on a local node instead of processes: Pod deleted,
+    /// container SIGKILLed, cgroup frozen, network cut, API server restarted, rollout
+    /// (writes target/chaos-in-cluster/).
+    #[arg(long)]
+    pub in_cluster: bool,
 }
 
 struct Chaos {
@@ -67,6 +75,9 @@ struct Chaos {
 }
 
 pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
+    if args.in_cluster {
+        return in_cluster::run(root, &args).await;
+    }
     let out = root.join("target/chaos");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
@@ -113,7 +124,10 @@ impl Chaos {
         let workload = Workload::start(self.client.clone(), args.seed);
         let mut faults = Vec::new();
         let mut counts = Counts::default();
-        for (round, fault) in schedule(args.seed, args.rounds).into_iter().enumerate() {
+        for (round, fault) in schedule(args.seed, args.rounds, &schedule::FAULTS)
+            .into_iter()
+            .enumerate()
+        {
             faults.push(self.round(round, fault, &workload, &mut counts).await?);
         }
         let operations = workload.operations();

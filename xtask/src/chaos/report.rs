@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::ChaosArgs;
 use super::checks::Counts;
-use super::schedule::FAULTS;
+use super::schedule::{FAULTS, POD_FAULTS};
 
 /// The report of a run: its rounds (`faults`), per fault kind, and what the checks found.
 pub(super) fn build(
@@ -86,6 +86,7 @@ fn by_kind(faults: &[Value]) -> Value {
         .map(|(kind, rounds)| {
             let goal = FAULTS
                 .iter()
+                .chain(&POD_FAULTS)
                 .find(|f| f.kind() == kind)
                 .and_then(|f| f.new_leader_goal());
             let entry = json!({

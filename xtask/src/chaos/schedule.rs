@@ -26,8 +26,21 @@ pub(super) enum Fault {
     /// The leader's API server answers a share of its writes 429 and delays others past
     /// the renew deadline, its renewals among them (so another replica takes over).
     ApiserverOverload,
+    /// In a cluster: the leader's Pod deleted through the API (`kubectl delete pod`).
+    PodDelete,
+    /// In a cluster: the leader's container process SIGKILLed from the node.
+    ContainerKill,
+    /// In a cluster: the leader's container frozen (cgroup freezer) past the lease.
+    PodFreeze,
+    /// In a cluster: the leader Pod's network cut inside its network namespace past the
+    /// lease.
+    PodNetworkCut,
+    /// In a cluster: a rolling update of the Deployment (`helm upgrade` with a new Pod
+    /// template) under the workload.
+    Rollout,
 }
 
+/// The faults against replicas run as processes.
 pub(super) const FAULTS: [Fault; 11] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
@@ -40,6 +53,16 @@ pub(super) const FAULTS: [Fault; 11] = [
     Fault::LeaseRelabelKill,
     Fault::MixedTimings,
     Fault::ApiserverOverload,
+];
+
+/// The faults against the chart's Pods on the node (`--in-cluster`).
+pub(super) const POD_FAULTS: [Fault; 6] = [
+    Fault::PodDelete,
+    Fault::ContainerKill,
+    Fault::PodFreeze,
+    Fault::PodNetworkCut,
+    Fault::ApiserverRestart,
+    Fault::Rollout,
 ];
 
 impl Fault {
@@ -56,24 +79,35 @@ impl Fault {
             Fault::LeaseRelabelKill => "lease_relabel_kill",
             Fault::MixedTimings => "mixed_timings",
             Fault::ApiserverOverload => "apiserver_overload",
+            Fault::PodDelete => "pod_delete",
+            Fault::ContainerKill => "container_sigkill",
+            Fault::PodFreeze => "pod_freeze",
+            Fault::PodNetworkCut => "pod_network_cut",
+            Fault::Rollout => "rollout",
         }
     }
 
     /// The goal for the time to a new leader, where there is one: after SIGKILL, the lease
-    /// duration plus a retry period, relabelled Lease or not.
+    /// duration plus a retry period, relabelled Lease or not; after a container SIGKILL on
+    /// the node, 2 s (the kubelet reports the exit; issue 16).
     pub(super) fn new_leader_goal(self) -> Option<Duration> {
-        matches!(self, Fault::LeaderKill | Fault::LeaseRelabelKill)
-            .then_some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period)
+        match self {
+            Fault::LeaderKill | Fault::LeaseRelabelKill => {
+                Some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period)
+            }
+            Fault::ContainerKill => Some(Duration::from_secs(2)),
+            _ => None,
+        }
     }
 }
 
-/// The fault of every round: each block of `FAULTS.len()` rounds has every kind once, in an
+/// The fault of every round: each block of `kinds.len()` rounds has every kind once, in an
 /// order the seed shuffles, so a run of that many rounds covers all of them.
-pub(super) fn schedule(seed: u64, rounds: usize) -> Vec<Fault> {
+pub(super) fn schedule(seed: u64, rounds: usize, kinds: &[Fault]) -> Vec<Fault> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(rounds);
     while out.len() < rounds {
-        let mut block = FAULTS;
+        let mut block = kinds.to_vec();
         for i in (1..block.len()).rev() {
             block.swap(i, rng.below(i + 1));
         }
@@ -105,11 +139,13 @@ mod tests {
 
     #[test]
     fn the_seed_orders_the_faults_and_every_block_covers_all_kinds() {
-        assert_eq!(schedule(7, 22), schedule(7, 22));
-        assert_ne!(schedule(7, 22), schedule(8, 22));
-        for block in schedule(7, 5 * FAULTS.len()).chunks(FAULTS.len()) {
-            let kinds: std::collections::HashSet<_> = block.iter().map(|f| f.kind()).collect();
-            assert_eq!(kinds.len(), FAULTS.len());
+        for kinds in [&FAULTS[..], &POD_FAULTS[..]] {
+            assert_eq!(schedule(7, 22, kinds), schedule(7, 22, kinds));
+            assert_ne!(schedule(7, 22, kinds), schedule(8, 22, kinds));
+            for block in schedule(7, 5 * kinds.len(), kinds).chunks(kinds.len()) {
+                let seen: std::collections::HashSet<_> = block.iter().map(|f| f.kind()).collect();
+                assert_eq!(seen.len(), kinds.len());
+            }
         }
     }
 }

@@ -114,7 +114,10 @@ async fn operate(mrs: &Api<MyResource>, pods: &Api<Pod>, rng: &mut Rng, counter:
         7 | 8 => {
             let pod: Pod = serde_json::from_value(json!({
                 "metadata": {"name": format!("p{i}"), "labels": {POD_LABEL: name}},
-                "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}]}
+                // No scheduler has this name: on a cluster with a node the Pod stays
+                // Pending, as it does without one, instead of failing to pull.
+                "spec": {"schedulerName": "chaos-unscheduled",
+                         "containers": [{"name": "c", "image": "registry.invalid/none"}]}
             }))
             .expect("a valid Pod");
             pods.create(&PostParams::default(), &pod).await.map(|_| ())

@@ -1,0 +1,545 @@
+//! `cargo xtask chaos --in-cluster`: the chaos suite against the chart's Pods on a real
+//! node, with faults as users cause them: the leader's Pod deleted, its container
+//! SIGKILLed from the node, frozen with the cgroup freezer past the lease, its network cut
+//! inside its network namespace past the lease, kube-apiserver restarted, and a rolling
+//! update under the workload. The workload, the checks and the report are the suite's own
+//! (overlapping writes from the audit log, lost updates, panics, unexpected exits, exactly
+//! one leader after each round); writes `target/chaos-in-cluster/`.
+//!
+//! The chart runs three replicas with the test Lease timings in namespace `chaos`, which
+//! it also watches. A replica's exits are read from its Pod's container restarts (those
+//! the run did not cause are findings); its logs (for panics and the first reconcile
+//! after a fault) are copied from the kubelet's Pod logs as they grow, since the kubelet
+//! removes a deleted Pod's logs.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::audit;
+use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use e2e::lease::{self, TEST_TIMINGS};
+use e2e::operator::http_get;
+use e2e::process::Lifetime;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::checks::{self, Counts};
+use super::schedule::{Fault, POD_FAULTS, schedule};
+use super::workload::Workload;
+use super::{ChaosArgs, NAMESPACE, report};
+
+const RELEASE: &str = "chaos";
+/// The chart's Deployment of release `chaos`.
+const DEPLOYMENT: &str = "chaos-myresource-operator";
+const SELECTOR: &str = "app.kubernetes.io/instance=chaos";
+/// Pods starting on two busy cores, a rollout of three.
+const LIMIT: Duration = Duration::from_secs(180);
+/// How long a freeze or a network cut lasts: past the lease, so leadership moves.
+const PAST_THE_LEASE: Duration = Duration::from_secs(6);
+const _: () = assert!(PAST_THE_LEASE.as_secs() > TEST_TIMINGS.lease_duration.as_secs());
+
+pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
+    let out = root.join("target/chaos-in-cluster");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    eprintln!("==> building the image, starting a local cluster with a node, installing the chart");
+    let image = e2e::operator_image::build()?;
+    let mut cluster = Cluster::start_with_node(ClusterConfig {
+        dir: out.join("cluster"),
+        otlp_endpoint: None,
+        lifetime: Lifetime::TiedToThisProcess,
+        crds: Vec::new(),
+    })
+    .await?;
+    let result = async {
+        e2e::node::import_into(&cluster.dir.join(NODE_DIR), &image.image)?;
+        let client = cluster.client().await?;
+        let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
+        let timings = [
+            format!(
+                "leaderElection.leaseDuration={}s",
+                TEST_TIMINGS.lease_duration.as_secs()
+            ),
+            format!(
+                "leaderElection.renewDeadline={}s",
+                TEST_TIMINGS.renew_deadline.as_secs()
+            ),
+            format!(
+                "leaderElection.retryPeriod={}s",
+                TEST_TIMINGS.retry_period.as_secs()
+            ),
+            format!("watchNamespaces={{{NAMESPACE}}}"),
+            // As the processes suite: each reconcile logged (helm splits --set on commas).
+            r"logging.level=info\,myresource_operator=debug".to_string(),
+        ];
+        let sets: Vec<&str> = timings.iter().flat_map(|t| ["--set", t.as_str()]).collect();
+        e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &image.image.reference, &sets)?;
+        let mut chaos = InCluster {
+            pods: Api::namespaced(client.clone(), NAMESPACE),
+            client,
+            logs: LogCopy::new(&cluster, &out),
+            expected_restarts: BTreeMap::new(),
+            reported_restarts: BTreeMap::new(),
+        };
+        chaos.rounds(&mut cluster, args, &out).await
+    }
+    .await;
+    let _ = std::fs::copy(&cluster.audit_log, out.join("audit.log"));
+    cluster.stop();
+    let report = result?;
+    if checks::failed(&report) {
+        bail!("chaos checks failed; see {}/report.md", out.display());
+    }
+    eprintln!("chaos checks passed; see {}/report.md", out.display());
+    Ok(())
+}
+
+struct InCluster {
+    client: Client,
+    pods: Api<Pod>,
+    logs: LogCopy,
+    /// Container restarts the run caused (SIGKILLs), by Pod uid.
+    expected_restarts: BTreeMap<String, i32>,
+    /// Restarts already reported as unexpected, by Pod uid.
+    reported_restarts: BTreeMap<String, i32>,
+}
+
+impl InCluster {
+    async fn rounds(
+        &mut self,
+        cluster: &mut Cluster,
+        args: &ChaosArgs,
+        out: &Path,
+    ) -> Result<Value> {
+        e2e::chart::ready_pods(&self.client, NAMESPACE, RELEASE, 3, LIMIT).await?;
+        let started_at = Timestamp::now();
+        let workload = Workload::start(self.client.clone(), args.seed);
+        let mut faults = Vec::new();
+        let mut counts = Counts::default();
+        let kinds = schedule(args.seed, args.rounds, &POD_FAULTS);
+        for (round, fault) in kinds.into_iter().enumerate() {
+            let record = self
+                .round(cluster, round, fault, &workload, &mut counts)
+                .await?;
+            faults.push(record);
+        }
+        let operations = workload.operations();
+        workload.stop().await;
+        let ended_at = Timestamp::now();
+        counts.unexpected_exits += self.unexpected_restarts().await?;
+        self.logs.copy();
+        counts.panics = self.logs.panics();
+
+        let events = audit::read(&cluster.audit_log)?;
+        let (terms, overlaps) = checks::audit_checks(&events, &mut faults);
+        let mut report = report::build(args, faults, &overlaps, &counts, operations, terms.len());
+        report["mode"] = "in-cluster: the chart's Pods on a node".into();
+        report::write(out, &report, &terms, started_at, ended_at)?;
+        Ok(report)
+    }
+
+    /// One round: wait for three ready Pods, let the workload run, strike the leader with
+    /// `fault`, wait for the recovery and check it; returns the round's record.
+    async fn round(
+        &mut self,
+        cluster: &mut Cluster,
+        round: usize,
+        fault: Fault,
+        workload: &Workload,
+        counts: &mut Counts,
+    ) -> Result<Value> {
+        let round_started = Instant::now();
+        let started = Timestamp::now();
+        counts.unexpected_exits += self.unexpected_restarts().await?;
+        e2e::chart::ready_pods(&self.client, NAMESPACE, RELEASE, 3, LIMIT).await?;
+        workload.resume();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
+        eprintln!("round {:>2}: {} (leader {leader})", round + 1, fault.kind());
+        let at = Timestamp::now();
+        let details = self.inject(cluster, fault, round, &leader, at).await?;
+        let (failover, new_leader) = self.recover(at).await?;
+        let single = self.single_leader().await;
+        if !single {
+            counts.rounds_without_single_leader += 1;
+        }
+        workload.pause().await;
+        let lost = checks::lost_updates(
+            &self.client,
+            TEST_TIMINGS.lease_duration + Duration::from_secs(20),
+        )
+        .await?;
+        counts.lost_updates += lost;
+        self.logs.copy();
+        Ok(json!({
+            "round": round + 1,
+            "kind": fault.kind(),
+            "started": started.to_string(),
+            "at": at.to_string(),
+            "until": Timestamp::now().to_string(),
+            "failover_seconds": failover,
+            "leader_before": leader,
+            "leader_after": new_leader,
+            "single_leader_after": single,
+            "lost_updates": lost,
+            "round_seconds": round_started.elapsed().as_secs_f64(),
+            "details": details,
+        }))
+    }
+
+    /// Strikes the leader Pod `leader` (or the cluster) with `fault` at `at`; returns what
+    /// it did, for the report.
+    async fn inject(
+        &mut self,
+        cluster: &mut Cluster,
+        fault: Fault,
+        round: usize,
+        leader: &str,
+        at: Timestamp,
+    ) -> Result<Value> {
+        let mut details = json!({});
+        match fault {
+            Fault::PodDelete => {
+                self.pods.delete(leader, &DeleteParams::default()).await?;
+            }
+            Fault::ContainerKill => {
+                let uid = self.pods.get(leader).await?.uid().unwrap_or_default();
+                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
+                signal(pid, libc::SIGKILL)?;
+                *self.expected_restarts.entry(uid).or_default() += 1;
+            }
+            Fault::PodFreeze => {
+                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
+                let freezer = Freezer::of(pid)?;
+                freezer.set(true)?;
+                tokio::time::sleep(PAST_THE_LEASE).await;
+                freezer.set(false)?;
+                details["frozen_seconds"] = PAST_THE_LEASE.as_secs_f64().into();
+            }
+            Fault::PodNetworkCut => {
+                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
+                let cut = NetworkCut::apply(pid)?;
+                tokio::time::sleep(PAST_THE_LEASE).await;
+                cut.heal()?;
+                details["cut_seconds"] = PAST_THE_LEASE.as_secs_f64().into();
+            }
+            Fault::ApiserverRestart => {
+                let started = Instant::now();
+                cluster.restart("kube-apiserver").await?;
+                details["restart_seconds"] = started.elapsed().as_secs_f64().into();
+            }
+            Fault::Rollout => {
+                let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
+                e2e::process::run(
+                    helm.args(["upgrade", RELEASE])
+                        .arg(e2e::operator::workspace_root().join("charts/myresource-operator"))
+                        .args(["--namespace", NAMESPACE, "--reuse-values"])
+                        .args(["--set", &format!("podAnnotations.chaos=r{round}")]),
+                    None,
+                )?;
+                self.rolled_out().await?;
+                let log = audit::read(&cluster.audit_log)?;
+                let terms = audit::acquisitions(&log, NAMESPACE, lease::NAME);
+                let handovers = audit::handovers(&terms, at);
+                details["leadership_moves"] = handovers.moves.into();
+                details["longest_gap_ms"] = (handovers.longest_gap.as_secs_f64() * 1000.0)
+                    .round()
+                    .into();
+            }
+            other => bail!("{} is not a fault against Pods", other.kind()),
+        }
+        Ok(details)
+    }
+
+    /// Waits until the Deployment's rollout is complete.
+    async fn rolled_out(&self) -> Result<()> {
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), NAMESPACE);
+        e2e::wait::poll("the rollout to complete", LIMIT, || async {
+            let d = deployments.get(DEPLOYMENT).await?;
+            let status = d.status.unwrap_or_default();
+            let done = status.observed_generation == d.metadata.generation
+                && status.updated_replicas == Some(3)
+                && status.ready_replicas == Some(3)
+                && status.replicas == Some(3);
+            Ok(done.then_some(()))
+        })
+        .await
+    }
+
+    /// Waits for a leader and its first reconcile after the fault at `at`; returns the
+    /// failover in seconds and the leader.
+    async fn recover(&mut self, at: Timestamp) -> Result<(Option<f64>, String)> {
+        let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
+        let first = e2e::wait::poll(
+            "the leader's first reconcile after the fault",
+            Duration::from_secs(30),
+            || async {
+                self.logs.copy();
+                Ok(self.logs.first_reconcile(&leader, at))
+            },
+        )
+        .await
+        .ok();
+        Ok((first.map(|t| t.duration_since(at).as_secs_f64()), leader))
+    }
+
+    /// Whether exactly one live Pod reports leadership on /metrics within 10 s.
+    async fn single_leader(&self) -> bool {
+        let single = e2e::wait::poll(
+            "exactly one Pod reporting leadership",
+            Duration::from_secs(10),
+            || async { Ok((self.reporting_leaders().await?.len() == 1).then_some(())) },
+        )
+        .await
+        .is_ok();
+        if !single {
+            eprintln!(
+                "  Pods reporting leadership: {:?}",
+                self.reporting_leaders().await
+            );
+        }
+        single
+    }
+
+    /// Live Pods whose /metrics says leader_election_master_status 1.
+    async fn reporting_leaders(&self) -> Result<Vec<String>> {
+        let mut leaders = Vec::new();
+        for pod in self
+            .pods
+            .list(&ListParams::default().labels(SELECTOR))
+            .await?
+        {
+            let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()) else {
+                continue;
+            };
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let addr = SocketAddr::new(ip.parse()?, 8080);
+            if let Ok((200, body)) = http_get(addr, "/metrics").await
+                && body
+                    .lines()
+                    .any(|l| l.starts_with("leader_election_master_status{") && l.ends_with(" 1"))
+            {
+                leaders.push(pod.name_any());
+            }
+        }
+        Ok(leaders)
+    }
+
+    /// Container restarts the run did not cause, since the last call.
+    async fn unexpected_restarts(&mut self) -> Result<usize> {
+        let mut found = 0;
+        for pod in self
+            .pods
+            .list(&ListParams::default().labels(SELECTOR))
+            .await?
+        {
+            let uid = pod.uid().unwrap_or_default();
+            let restarts: i32 = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .unwrap_or_default()
+                .iter()
+                .map(|c| c.restart_count)
+                .sum();
+            let expected = self.expected_restarts.get(&uid).copied().unwrap_or(0);
+            let unexpected = (restarts - expected).max(0);
+            let reported = self.reported_restarts.entry(uid).or_default();
+            if unexpected > *reported {
+                eprintln!(
+                    "  {}: {} container restarts nobody caused",
+                    pod.metadata.name.unwrap_or_default(),
+                    unexpected - *reported
+                );
+                found += (unexpected - *reported) as usize;
+                *reported = unexpected;
+            }
+        }
+        Ok(found)
+    }
+}
+
+fn signal(pid: u32, signal: i32) -> Result<()> {
+    // SAFETY: kill has no memory preconditions; the pid was just found.
+    ensure!(
+        unsafe { libc::kill(pid as i32, signal) } == 0,
+        "kill -{signal} {pid}"
+    );
+    Ok(())
+}
+
+/// The freezer of process `pid`'s cgroup (its container's): cgroup v1's freezer hierarchy
+/// where it is mounted, else cgroup v2's `cgroup.freeze`.
+struct Freezer {
+    file: PathBuf,
+    v1: bool,
+}
+
+impl Freezer {
+    fn of(pid: u32) -> Result<Freezer> {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+        let root = Path::new("/sys/fs/cgroup");
+        let entry = |prefix: &str| {
+            cgroups.lines().find_map(|l| {
+                let (_, rest) = l.split_once(':')?;
+                rest.strip_prefix(prefix)
+                    .map(|p| p.trim_start_matches('/').to_string())
+            })
+        };
+        if let Some(path) = entry("freezer:").filter(|_| root.join("freezer").is_dir()) {
+            return Ok(Freezer {
+                file: root.join("freezer").join(path).join("freezer.state"),
+                v1: true,
+            });
+        }
+        let path = entry(":").context("a cgroup v2 entry")?;
+        Ok(Freezer {
+            file: root.join(path).join("cgroup.freeze"),
+            v1: false,
+        })
+    }
+
+    fn set(&self, frozen: bool) -> Result<()> {
+        let value = match (self.v1, frozen) {
+            (true, true) => "FROZEN",
+            (true, false) => "THAWED",
+            (false, true) => "1",
+            (false, false) => "0",
+        };
+        std::fs::write(&self.file, value)
+            .with_context(|| format!("writing {value} to {}", self.file.display()))
+    }
+}
+
+/// Every packet into or out of a Pod's network namespace dropped, loopback aside: a
+/// partition as the Pod sees it (connections hang, nothing is refused).
+struct NetworkCut {
+    pid: u32,
+}
+
+const CUT_RULES: [[&str; 6]; 2] = [
+    ["INPUT", "!", "-i", "lo", "-j", "DROP"],
+    ["OUTPUT", "!", "-o", "lo", "-j", "DROP"],
+];
+
+impl NetworkCut {
+    fn apply(pid: u32) -> Result<NetworkCut> {
+        let cut = NetworkCut { pid };
+        for rule in CUT_RULES {
+            cut.iptables("-I", &rule)?;
+        }
+        Ok(cut)
+    }
+
+    fn heal(self) -> Result<()> {
+        for rule in CUT_RULES {
+            self.iptables("-D", &rule)?;
+        }
+        Ok(())
+    }
+
+    fn iptables(&self, op: &str, rule: &[&str]) -> Result<()> {
+        e2e::process::run(
+            Command::new("nsenter")
+                .args(["-t", &self.pid.to_string(), "-n", "iptables", "-w", op])
+                .args(rule),
+            None,
+        )?;
+        Ok(())
+    }
+}
+
+/// The replicas' container logs, copied from the kubelet's Pod logs as they grow (the
+/// kubelet removes a deleted Pod's).
+struct LogCopy {
+    from: PathBuf,
+    to: PathBuf,
+}
+
+impl LogCopy {
+    fn new(cluster: &Cluster, out: &Path) -> LogCopy {
+        LogCopy {
+            from: cluster.dir.join(NODE_DIR).join("kubelet/pod-logs"),
+            to: out.join("pod-logs"),
+        }
+    }
+
+    /// Copies every operator log file that grew since the last copy.
+    fn copy(&self) {
+        for file in self.files(&self.from) {
+            let Ok(relative) = file.strip_prefix(&self.from) else {
+                continue;
+            };
+            let target = self.to.join(relative);
+            let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+            if len(&file) > len(&target) {
+                if let Some(parent) = target.parent() {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                let _ = std::fs::copy(&file, &target);
+            }
+        }
+    }
+
+    /// The log files of the operator's containers under `root`
+    /// (`<namespace>_<pod>_<uid>/operator/<restart>.log`).
+    fn files(&self, root: &Path) -> Vec<PathBuf> {
+        let prefix = format!("{NAMESPACE}_{DEPLOYMENT}-");
+        let mut files = Vec::new();
+        for pod in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            if !pod.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            let container = pod.path().join("operator");
+            for log in std::fs::read_dir(container).into_iter().flatten().flatten() {
+                files.push(log.path());
+            }
+        }
+        files
+    }
+
+    /// Copied log files that record a panic.
+    fn panics(&self) -> usize {
+        self.files(&self.to)
+            .iter()
+            .filter(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains("panicked at")))
+            .count()
+    }
+
+    /// The time of Pod `pod`'s first "reconciled" log line after `at`.
+    fn first_reconcile(&self, pod: &str, at: Timestamp) -> Option<Timestamp> {
+        let prefix = format!("{NAMESPACE}_{pod}_");
+        self.files(&self.to)
+            .iter()
+            .filter(|f| {
+                f.strip_prefix(&self.to)
+                    .is_ok_and(|r| r.to_string_lossy().starts_with(&prefix))
+            })
+            .flat_map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .lines()
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .filter_map(|line| {
+                // CRI log format: <time> <stream> <P|F> <content>.
+                let content = line.splitn(4, ' ').nth(3)?;
+                let entry: Value = serde_json::from_str(content).ok()?;
+                (entry["message"] == "reconciled")
+                    .then(|| entry["timestamp"].as_str()?.parse::<Timestamp>().ok())
+                    .flatten()
+            })
+            .filter(|t| *t > at)
+            .min()
+    }
+}
