@@ -164,9 +164,15 @@ impl InCluster {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
         eprintln!("round {:>2}: {} (leader {leader})", round + 1, fault.kind());
+        let term = lease::acquire_time(&self.client, NAMESPACE)
+            .await?
+            .context("a Lease with an acquireTime")?;
         let at = Timestamp::now();
         let details = self.inject(cluster, fault, round, &leader, at).await?;
-        let (failover, new_leader) = self.recover(at).await?;
+        // Every fault but the API server's restart (the leader keeps the Lease) ends the
+        // term: the failover counts until the next term's first reconcile.
+        let moved = (fault != Fault::ApiserverRestart).then_some(term.as_str());
+        let (failover, new_leader) = self.recover(at, moved).await?;
         let single = self.single_leader().await;
         if !single {
             counts.rounds_without_single_leader += 1;
@@ -274,10 +280,17 @@ impl InCluster {
         .await
     }
 
-    /// Waits for a leader and its first reconcile after the fault at `at`; returns the
-    /// failover in seconds and the leader.
-    async fn recover(&mut self, at: Timestamp) -> Result<(Option<f64>, String)> {
-        let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
+    /// Waits for a leader (one whose term is not `ended`, when given) and its first
+    /// reconcile after the fault at `at`; returns the failover in seconds and the leader.
+    async fn recover(
+        &mut self,
+        at: Timestamp,
+        ended: Option<&str>,
+    ) -> Result<(Option<f64>, String)> {
+        let leader = match ended {
+            Some(term) => lease::wait_for_new_term(&self.client, NAMESPACE, term, LIMIT).await?,
+            None => lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?,
+        };
         let first = e2e::wait::poll(
             "the leader's first reconcile after the fault",
             Duration::from_secs(30),
