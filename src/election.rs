@@ -530,10 +530,10 @@ fn random_fraction() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Resolves when `pods` sees a change; never without a receiver.
-async fn changed(pods: Option<tokio::sync::watch::Receiver<Arc<Pods>>>) {
+/// Resolves when `pods` sees a change (marking it seen); never without a receiver.
+async fn changed(pods: &mut Option<tokio::sync::watch::Receiver<Arc<Pods>>>) {
     match pods {
-        Some(mut pods) => {
+        Some(pods) => {
             if pods.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
@@ -599,15 +599,14 @@ impl Driver {
                 match read {
                     Err(err) => Err(err),
                     Ok(()) => {
-                        let pods = self.observe_replicas();
+                        self.observe_replicas();
                         match self.elector.next_action(Instant::now(), Timestamp::now()) {
                             Action::WaitUntil(until) => {
                                 let retry = Instant::now() + self.elector.timings().retry_period;
                                 let until = until.min(retry).max(Instant::now());
                                 tokio::select! {
                                     _ = shutdown.cancelled() => break,
-                                    observed = self.watch_until(until) => watched = observed,
-                                    _ = changed(pods) => {}
+                                    current = self.watch_until(until) => watched = current,
                                 }
                                 Ok(())
                             }
@@ -635,11 +634,12 @@ impl Driver {
     }
 
     /// Records what the replicas' Pods show about the holder (a proven exit) and about a
-    /// named successor (no longer live); returns what wakes on their next change (`None`
-    /// outside a Pod).
-    fn observe_replicas(&mut self) -> Option<tokio::sync::watch::Receiver<Arc<Pods>>> {
-        let mut next = self.replicas.as_ref()?.subscribe();
-        let pods = next.borrow_and_update().clone();
+    /// named successor (no longer live); nothing outside a Pod.
+    fn observe_replicas(&mut self) {
+        let Some(replicas) = &self.replicas else {
+            return;
+        };
+        let pods = replicas.pods();
         let holder = self.elector.holder().to_string();
         if let Some(exit) = pods
             .get(&holder)
@@ -660,7 +660,6 @@ impl Driver {
             );
             self.elector.successor_lost();
         }
-        Some(next)
     }
 
     /// GETs the Lease and records it.
@@ -767,9 +766,14 @@ impl Driver {
         }
     }
 
-    /// Waits until `until` or the next change of the Lease, whichever comes first; returns
-    /// whether a change was observed (recorded as a read is).
+    /// Waits until `until`, the next change of the Lease, or a change of the replicas' Pods
+    /// that lets this replica take the Lease now (a proven exit, a successor gone),
+    /// whichever comes first. Returns whether the record held is current (a watch event
+    /// recorded it, or the watch was live throughout), so that no GET is needed. Pod
+    /// changes that decide nothing keep the watch and its connection.
     async fn watch_until(&mut self, until: Instant) -> bool {
+        // A new receiver wakes once at first: a change since the caller looked is not lost.
+        let mut pods = self.replicas.as_ref().map(Replicas::subscribe);
         let Some(rv) = self
             .elector
             .observed
@@ -788,9 +792,10 @@ impl Driver {
             .timeout(seconds);
         let deadline = tokio::time::sleep_until(until.into());
         tokio::pin!(deadline);
+        let api = self.api.clone();
         let stream = tokio::select! {
             _ = &mut deadline => return false,
-            stream = self.api.watch(&params, &rv) => stream,
+            stream = api.watch(&params, &rv) => stream,
         };
         let Ok(stream) = stream else {
             deadline.await;
@@ -800,6 +805,13 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = &mut deadline => return false,
+                _ = changed(&mut pods) => {
+                    self.observe_replicas();
+                    let next = self.elector.next_action(Instant::now(), Timestamp::now());
+                    if !matches!(next, Action::WaitUntil(_)) {
+                        return true;
+                    }
+                }
                 event = stream.next() => match event {
                     Some(Ok(WatchEvent::Modified(lease) | WatchEvent::Added(lease))) => {
                         self.elector.observe(&lease, Instant::now());

@@ -55,7 +55,8 @@ impl Replicas {
         self.pods.borrow().clone()
     }
 
-    /// A receiver whose `changed` wakes on the next update.
+    /// A receiver whose first `changed` resolves at once once the watch has delivered
+    /// anything, and then on each update.
     pub fn subscribe(&self) -> watch::Receiver<Arc<Pods>> {
         self.pods.clone()
     }
