@@ -3,7 +3,7 @@
 //! chart's default values apart from the image (loaded into the node, never pulled), and
 //! waiting until the release's Pods run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,7 +12,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
+use crate::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use crate::node::image::Image;
 use crate::operator::workspace_root;
+use crate::process::Lifetime;
 use crate::wait::poll;
 
 /// Helm against `kubeconfig`, with its cache, config and data under `home`.
@@ -23,6 +26,25 @@ pub fn helm(kubeconfig: &Path, home: &Path) -> Result<Command> {
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"));
     Ok(cmd)
+}
+
+/// Builds the operator's image, starts a cluster with a node in `dir` (tied to this
+/// process) and loads the image into the node, ready for [`install`]; the cluster is
+/// stopped again if loading fails.
+pub async fn cluster_with_image(dir: PathBuf) -> Result<(Cluster, Image)> {
+    let image = crate::operator_image::build()?.image;
+    let mut cluster = Cluster::start_with_node(ClusterConfig {
+        dir,
+        otlp_endpoint: None,
+        lifetime: Lifetime::TiedToThisProcess,
+        crds: Vec::new(),
+    })
+    .await?;
+    if let Err(err) = crate::node::import_into(&cluster.dir.join(NODE_DIR), &image) {
+        cluster.stop();
+        return Err(err);
+    }
+    Ok((cluster, image))
 }
 
 /// `helm install RELEASE charts/myresource-operator -n NAMESPACE --create-namespace` with

@@ -14,10 +14,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use e2e::cluster::Cluster;
 use e2e::lease::wait_for_holder;
 use e2e::node::image::Image;
-use e2e::process::Lifetime;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -43,21 +42,14 @@ enum Fault {
 
 pub async fn run(root: &Path, runs: usize) -> Result<()> {
     eprintln!("==> building the image and starting a cluster with a node");
-    let image = e2e::operator_image::build()?;
-    let mut cluster = Cluster::start_with_node(ClusterConfig {
-        dir: root.join("target/bench/pods-cluster"),
-        otlp_endpoint: None,
-        lifetime: Lifetime::TiedToThisProcess,
-        crds: Vec::new(),
-    })
-    .await?;
-    let result = measure(&cluster, &image.image, runs).await;
+    let (mut cluster, image) =
+        e2e::chart::cluster_with_image(root.join("target/bench/pods-cluster")).await?;
+    let result = measure(&cluster, &image, runs).await;
     cluster.stop();
     result?.write(&root.join("target/bench/pods"))
 }
 
 async fn measure(cluster: &Cluster, image: &Image, runs: usize) -> Result<Report> {
-    e2e::node::import_into(&cluster.dir.join(NODE_DIR), image)?;
     let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
     e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &image.reference, &[])?;
     let client = cluster.client().await?;

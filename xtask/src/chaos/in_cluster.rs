@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::audit;
-use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use e2e::cluster::{Cluster, NODE_DIR};
 use e2e::lease::{self, TEST_TIMINGS};
 use e2e::operator::http_get;
-use e2e::process::Lifetime;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -34,7 +33,7 @@ use serde_json::{Value, json};
 use super::checks::{self, Counts};
 use super::schedule::{Fault, POD_FAULTS, schedule};
 use super::workload::Workload;
-use super::{ChaosArgs, NAMESPACE, report};
+use super::{ChaosArgs, NAMESPACE, Round, report, settle};
 
 const RELEASE: &str = "chaos";
 /// The chart's Deployment of release `chaos`.
@@ -51,16 +50,8 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
     eprintln!("==> building the image, starting a local cluster with a node, installing the chart");
-    let image = e2e::operator_image::build()?;
-    let mut cluster = Cluster::start_with_node(ClusterConfig {
-        dir: out.join("cluster"),
-        otlp_endpoint: None,
-        lifetime: Lifetime::TiedToThisProcess,
-        crds: Vec::new(),
-    })
-    .await?;
+    let (mut cluster, image) = e2e::chart::cluster_with_image(out.join("cluster")).await?;
     let result = async {
-        e2e::node::import_into(&cluster.dir.join(NODE_DIR), &image.image)?;
         let client = cluster.client().await?;
         let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
         let timings = [
@@ -81,7 +72,7 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
             r"logging.level=info\,myresource_operator=debug".to_string(),
         ];
         let sets: Vec<&str> = timings.iter().flat_map(|t| ["--set", t.as_str()]).collect();
-        e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &image.image.reference, &sets)?;
+        e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &image.reference, &sets)?;
         let mut chaos = InCluster {
             pods: Api::namespaced(client.clone(), NAMESPACE),
             client,
@@ -174,31 +165,20 @@ impl InCluster {
         let moved = (fault != Fault::ApiserverRestart).then_some(term.as_str());
         let (failover, new_leader) = self.recover(at, moved).await?;
         let single = self.single_leader().await;
-        if !single {
-            counts.rounds_without_single_leader += 1;
-        }
-        workload.pause().await;
-        let lost = checks::lost_updates(
-            &self.client,
-            TEST_TIMINGS.lease_duration + Duration::from_secs(20),
-        )
-        .await?;
-        counts.lost_updates += lost;
+        let lost = settle(&self.client, single, workload, counts).await?;
         self.logs.copy();
-        Ok(json!({
-            "round": round + 1,
-            "kind": fault.kind(),
-            "started": started.to_string(),
-            "at": at.to_string(),
-            "until": Timestamp::now().to_string(),
-            "failover_seconds": failover,
-            "leader_before": leader,
-            "leader_after": new_leader,
-            "single_leader_after": single,
-            "lost_updates": lost,
-            "round_seconds": round_started.elapsed().as_secs_f64(),
-            "details": details,
-        }))
+        let round = Round {
+            round,
+            fault,
+            started,
+            began: round_started,
+            at,
+            failover,
+            leader_before: leader,
+            leader_after: new_leader,
+            details,
+        };
+        Ok(round.record(single, lost))
     }
 
     /// Strikes the leader Pod `leader` (or the cluster) with `fault` at `at`; returns what

@@ -168,31 +168,73 @@ impl Chaos {
         let hit = self.inject(fault, leader).await?;
         let (failover, new_leader) = self.recover(hit.at).await?;
         let single = self.single_leader().await;
-        if !single {
-            counts.rounds_without_single_leader += 1;
-        }
-        workload.pause().await;
-        let lost = checks::lost_updates(
-            &self.client,
-            TEST_TIMINGS.lease_duration + Duration::from_secs(20),
-        )
-        .await?;
-        counts.lost_updates += lost;
-        let (at, leader_before) = (hit.at, hit.leader.clone());
-        let details = self.details(hit);
-        Ok(json!({
-            "round": round + 1,
-            "kind": fault.kind(),
-            "started": started.to_string(),
-            "at": at.to_string(),
+        let lost = settle(&self.client, single, workload, counts).await?;
+        let round = Round {
+            round,
+            fault,
+            started,
+            began: round_started,
+            at: hit.at,
+            failover,
+            leader_before: hit.leader.clone(),
+            leader_after: self.slots[new_leader].operator.config.identity.clone(),
+            details: self.details(hit),
+        };
+        Ok(round.record(single, lost))
+    }
+}
+
+/// One round, as the report keeps it.
+struct Round {
+    round: usize,
+    fault: Fault,
+    started: Timestamp,
+    began: Instant,
+    /// When the fault struck.
+    at: Timestamp,
+    failover: Option<f64>,
+    leader_before: String,
+    leader_after: String,
+    details: Value,
+}
+
+impl Round {
+    /// The round's record, with what [`settle`] found.
+    fn record(self, single: bool, lost: usize) -> Value {
+        json!({
+            "round": self.round + 1,
+            "kind": self.fault.kind(),
+            "started": self.started.to_string(),
+            "at": self.at.to_string(),
             "until": Timestamp::now().to_string(),
-            "failover_seconds": failover,
-            "leader_before": leader_before,
-            "leader_after": self.slots[new_leader].operator.config.identity,
+            "failover_seconds": self.failover,
+            "leader_before": self.leader_before,
+            "leader_after": self.leader_after,
             "single_leader_after": single,
             "lost_updates": lost,
-            "round_seconds": round_started.elapsed().as_secs_f64(),
-            "details": details,
-        }))
+            "round_seconds": self.began.elapsed().as_secs_f64(),
+            "details": self.details,
+        })
     }
+}
+
+/// The end of a round: counts a round without exactly one leader (`single`), pauses the
+/// workload and waits for every object to converge; returns the objects that did not.
+async fn settle(
+    client: &Client,
+    single: bool,
+    workload: &Workload,
+    counts: &mut Counts,
+) -> Result<usize> {
+    if !single {
+        counts.rounds_without_single_leader += 1;
+    }
+    workload.pause().await;
+    let lost = checks::lost_updates(
+        client,
+        TEST_TIMINGS.lease_duration + Duration::from_secs(20),
+    )
+    .await?;
+    counts.lost_updates += lost;
+    Ok(lost)
 }
