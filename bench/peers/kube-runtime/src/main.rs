@@ -3,7 +3,7 @@
 //! `kube_lease_manager::LeaseManager` elects the leader (its `watch()` channel, as in the
 //! crate's `jobs_logger` example); while leading, a `kube::runtime::Controller` for
 //! MyResource runs with reflector stores of the owned ConfigMaps and the labelled Pods
-//! (shared streams, `owns_stream` and `watches_stream`), creates or repairs the ConfigMap,
+//! (shared streams: `owns_shared_stream` and `watches_shared_stream`), creates or repairs the ConfigMap,
 //! writes the status when it changed, and publishes Events with kube's `Recorder`.
 
 use std::collections::BTreeMap;
@@ -113,18 +113,11 @@ struct Context {
 }
 
 #[derive(Debug)]
-enum Error {
-    Kube(kube::Error),
-    /// A store's writer is gone: the controller is stopping.
-    StoreGone,
-}
+struct Error(kube::Error);
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::Kube(err) => err.fmt(f),
-            Error::StoreGone => f.write_str("a reflector store is gone"),
-        }
+        self.0.fmt(f)
     }
 }
 
@@ -132,13 +125,7 @@ impl std::error::Error for Error {}
 
 impl From<kube::Error> for Error {
     fn from(err: kube::Error) -> Self {
-        Error::Kube(err)
-    }
-}
-
-impl From<reflector::store::WriterDropped> for Error {
-    fn from(_: reflector::store::WriterDropped) -> Self {
-        Error::StoreGone
+        Error(err)
     }
 }
 
@@ -219,19 +206,23 @@ async fn run_controller(client: Client, ns: String, identity: String, concurrenc
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
 
-    let (configmaps, cm_writer) = reflector::store();
+    // Shared streams, as the docs of `owns_shared_stream` show: each reflector is driven
+    // here, its store read by the reconciler, its subscriber a trigger of the Controller.
+    let (configmaps, cm_writer) = reflector::store_shared(1024);
+    let cm_trigger = cm_writer.subscribe().expect("a shared store");
     let cm_stream = watcher(
         cms,
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
     )
     .default_backoff()
-    .reflect(cm_writer)
-    .touched_objects();
-    let (pod_store, pod_writer) = reflector::store();
+    .reflect_shared(cm_writer)
+    .for_each(|_| futures::future::ready(()));
+    let (pod_store, pod_writer) = reflector::store_shared(1024);
+    let pod_trigger = pod_writer.subscribe().expect("a shared store");
     let pod_stream = watcher(pods, watcher::Config::default().labels(POD_LABEL))
         .default_backoff()
-        .reflect(pod_writer)
-        .touched_objects();
+        .reflect_shared(pod_writer)
+        .for_each(|_| futures::future::ready(()));
 
     let recorder = Recorder::new(
         client.clone(),
@@ -240,27 +231,40 @@ async fn run_controller(client: Client, ns: String, identity: String, concurrenc
             instance: Some(identity),
         },
     );
-    let context = Arc::new(Context {
-        client,
-        recorder,
-        configmaps,
-        pods: pod_store,
-    });
-    Controller::new(mrs, watcher::Config::default())
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
-        .owns_stream(cm_stream)
-        .watches_stream(pod_stream, |pod: Pod| {
-            let owner = pod.labels().get(POD_LABEL)?.clone();
-            Some(ObjectRef::new(&owner).within(&pod.namespace()?))
-        })
-        .run(reconcile, error_policy, context)
-        .for_each(|result| {
-            if let Err(err) = result {
-                warn!(error = %err, "reconcile failed");
-            }
-            futures::future::ready(())
-        })
-        .await;
+    let controller = async {
+        // Reconciles read these stores: start once they hold the full state.
+        if configmaps.wait_until_ready().await.is_err()
+            || pod_store.wait_until_ready().await.is_err()
+        {
+            return;
+        }
+        let context = Arc::new(Context {
+            client,
+            recorder,
+            configmaps,
+            pods: pod_store,
+        });
+        Controller::new(mrs, watcher::Config::default())
+            .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+            .owns_shared_stream(cm_trigger)
+            .watches_shared_stream(pod_trigger, |pod: Arc<Pod>| {
+                let owner = pod.labels().get(POD_LABEL)?.clone();
+                Some(ObjectRef::new(&owner).within(&pod.namespace()?))
+            })
+            .run(reconcile, error_policy, context)
+            .for_each(|result| {
+                if let Err(err) = result {
+                    warn!(error = %err, "reconcile failed");
+                }
+                futures::future::ready(())
+            })
+            .await;
+    };
+    tokio::select! {
+        _ = cm_stream => {},
+        _ = pod_stream => {},
+        _ = controller => {},
+    }
 }
 
 fn error_policy(_mr: Arc<MyResource>, _err: &Error, _ctx: Arc<Context>) -> Action {
@@ -271,10 +275,6 @@ async fn reconcile(mr: Arc<MyResource>, ctx: Arc<Context>) -> Result<Action, Err
     if mr.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    // The Controller waits for the MyResources' store only; the related stores fill as it
-    // polls their streams, and reading them before that would miss ConfigMaps and Pods.
-    ctx.configmaps.wait_until_ready().await?;
-    ctx.pods.wait_until_ready().await?;
     let ns = mr.namespace().unwrap_or_default();
     let name = mr.name_any();
     let desired = desired_configmap(&mr);
@@ -326,12 +326,18 @@ async fn reconcile(mr: Arc<MyResource>, ctx: Arc<Context>) -> Result<Action, Err
     let status = desired_status(&mr, counts);
     if mr.status.as_ref() != Some(&status) {
         let mrs: Api<MyResource> = Api::namespaced(ctx.client.clone(), &ns);
+        // Server-side apply, as kube's controller example writes status.
         let patch = json!({
-            "metadata": {"resourceVersion": mr.resource_version()},
+            "apiVersion": "trstringer.com/v1",
+            "kind": "MyResource",
             "status": status,
         });
-        mrs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        mrs.patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
     }
     Ok(Action::await_change())
 }
