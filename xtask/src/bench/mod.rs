@@ -14,6 +14,7 @@
 //! - [`telemetry`]: the cost of the OTLP exporter;
 //! - [`failover`]: SIGKILL failover and SIGTERM handover;
 //! - [`pods`] (`--pods N`, on its own): failover of the chart's Pods on a real node;
+//! - [`peers`] (`--peers [N]`, on its own): ours beside controller-runtime and kube-runtime;
 //! - [`cpu`]: CPU per process over a phase; [`objects`]: the objects measured;
 //! - [`report`]: the report, as printed lines, `report.md` and `report.json`.
 
@@ -23,6 +24,7 @@ mod failover;
 mod latency;
 mod memory;
 mod objects;
+mod peers;
 mod pods;
 mod report;
 mod takeover;
@@ -65,6 +67,11 @@ pub struct BenchArgs {
     /// SIGKILLs and N leader Pod deletions (writes target/bench/pods/report.{json,md}).
     #[arg(long, value_name = "N")]
     pub pods: Option<usize>,
+    /// Instead of everything else: ours side by side with controller-runtime (warm-up off
+    /// and on) and kube-runtime, N MyResources and N Pods each (default 2000), with
+    /// `--latency-objects` and `--failover-runs` (writes target/bench/peers/report.{json,md}).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "2000")]
+    pub peers: Option<usize>,
 }
 
 struct Bench {
@@ -84,6 +91,10 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
         args.profile
     );
     let binary = e2e::operator::built_with(&args.profile)?;
+    let peers = match args.peers {
+        Some(_) => Some(peers::build_peers(root)?),
+        None => None,
+    };
     // Replica logs are appended to; an earlier run's lines must not be read as this run's.
     let _ = std::fs::remove_dir_all(root.join("target/bench/logs"));
     let cluster = Cluster::start(ClusterConfig {
@@ -101,10 +112,18 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
         binary,
         report: Report::new(),
     };
-    let result = bench.all(&args).await;
+    let (result, out) = match (&peers, args.peers) {
+        (Some(binaries), Some(n)) => {
+            bench.report = Report::titled("Side by side with controller-runtime and kube-runtime");
+            let runs = (args.latency_objects, args.failover_runs);
+            let result = bench.peers(binaries, n, runs.0, runs.1).await;
+            (result, root.join("target/bench/peers"))
+        }
+        _ => (bench.all(&args).await, root.join("target/bench")),
+    };
     bench.cluster.stop();
     result?;
-    bench.report.write(&root.join("target/bench"))
+    bench.report.write(&out)
 }
 
 impl Bench {

@@ -14,18 +14,31 @@ pub(super) struct Report {
 impl Report {
     /// An empty report: the Markdown heading and the machine.
     pub(super) fn new() -> Report {
+        let mut report = Report::titled("Benchmark report");
+        report.md[2].push_str("; command: `cargo xtask bench`");
+        report
+    }
+
+    /// An empty report under the heading `title`, with the machine.
+    pub(super) fn titled(title: &str) -> Report {
         Report {
             json: serde_json::Map::new(),
             md: vec![
-                "# Benchmark report".into(),
+                format!("# {title}"),
                 String::new(),
                 format!(
-                    "Machine: {} cores; command: `cargo xtask bench`",
+                    "Machine: {} cores",
                     std::thread::available_parallelism().map_or(0, |n| n.get())
                 ),
                 String::new(),
             ],
         }
+    }
+
+    /// A line of `report.md` alone, printed too.
+    pub(super) fn line(&mut self, line: String) {
+        println!("{line}");
+        self.md.push(line);
     }
 
     /// One measurement: `line` printed and added to the Markdown, `value` stored as `key`.
