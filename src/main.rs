@@ -22,6 +22,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
+/// After stopping for its Pod's deletion, the longest wait for the kubelet's SIGTERM (the
+/// chart's termination grace period).
+const SIGTERM_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
@@ -153,6 +157,8 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         workers_per_shard: args.workers_per_shard.into(),
         grace: args.shutdown_grace,
     };
+    // Whether this replica stopped because its Pod is being deleted.
+    let deleted = std::cell::Cell::new(false);
     let stop = async {
         let deleting = async {
             match (&replicas, &pod) {
@@ -163,10 +169,24 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         tokio::select! {
             _ = terminate.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
-            _ = deleting => info!("this replica's Pod is being deleted: stopping now, before the kubelet's SIGTERM"),
+            _ = deleting => {
+                info!("this replica's Pod is being deleted: stopping now, before the kubelet's SIGTERM");
+                deleted.set(true);
+            }
         }
     };
     leadership::run(leadership, terms, (election, stop_election), stop).await;
+    if deleted.get() {
+        // A container that exits before the kubelet has seen its Pod's deletion is
+        // restarted (measured: a whole new process, LISTs included, at the moment of the
+        // handover); the kubelet's SIGTERM says it has.
+        info!("stopped; exiting at the kubelet's SIGTERM");
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+            _ = tokio::time::sleep(SIGTERM_WITHIN) => {}
+        }
+    }
     info!("stopped");
     Ok(())
 }

@@ -29,6 +29,8 @@ pub struct AuditEvent {
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct User {
+    /// Empty for a request that failed authentication (401).
+    #[serde(default)]
     pub username: String,
     #[serde(default)]
     pub groups: Vec<String>,
