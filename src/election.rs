@@ -27,6 +27,9 @@
 //! - A graceful release (empty holder, `leaseDurationSeconds: 1`, a new renewTime: what
 //!   this driver and client-go's `ReleaseOnCancel` write after closing their fence) is
 //!   acquirable at once; followers watch the Lease, so they see it within one watch event.
+//!   A release may name a successor ([`succession`]): it takes the release at once, the
+//!   others stand back one retry period while it is live. Only liveness depends on it:
+//!   everyone acquires with the same compare-and-swap.
 //!   Any other way a holder disappears — the Lease deleted, or its holder cleared by a
 //!   foreign writer — is taken only after the previous holder's fence has surely closed: a
 //!   lease duration after this replica last saw that holder's record change.

@@ -194,8 +194,14 @@ async fn once(client: &Client, fault: Fault, run: usize) -> Result<(f64, bool)> 
     let holder = e2e::lease::wait_for_new_term(client, NAMESPACE, &term, LIMIT).await?;
     if matches!(fault, Fault::Kill) {
         // A container killed again and again would wait out the kubelet's growing restart
-        // backoff (10 s, 20 s, 40 s …): its Pod is replaced instead, once measured.
+        // backoff (10 s, 20 s, 40 s …): its Pod is replaced instead, once measured. Its
+        // restarted container may lead again: the next run starts once that Pod is gone,
+        // so that it never measures this handover.
         pods.delete(&leader, &DeleteParams::default()).await?;
+        e2e::wait::poll("the killed Pod to be gone", LIMIT, || async {
+            Ok(pods.get_opt(&leader).await?.is_none().then_some(()))
+        })
+        .await?;
     }
     Ok((seconds, holder == leader))
 }
