@@ -786,10 +786,13 @@ impl Driver {
             tokio::time::sleep_until(until.into()).await;
             return false;
         };
+        // Rounded up: a server timeout shorter than the wait would leave this replica
+        // blind to the Lease for the rest of it.
         let seconds = until
             .saturating_duration_since(Instant::now())
-            .as_secs()
-            .max(1) as u32;
+            .as_secs_f64()
+            .ceil()
+            .max(1.0) as u32;
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.elector.name()))
             .timeout(seconds);
@@ -825,8 +828,10 @@ impl Driver {
                         return true;
                     }
                     Some(Ok(_)) => {}
-                    // The watch ended or failed: fall back to waiting for the deadline.
-                    Some(Err(_)) | None => {
+                    // The server ended the watch early: read and watch again at once.
+                    None => return false,
+                    // The watch failed: fall back to waiting for the deadline.
+                    Some(Err(_)) => {
                         deadline.await;
                         return false;
                     }
