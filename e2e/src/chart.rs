@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
@@ -68,6 +69,39 @@ pub fn install(
         None,
     )?;
     Ok(())
+}
+
+/// A rolling update of release `release` in `namespace` (kubeconfig and Helm folders as in
+/// `helm`): `helm upgrade --reuse-values` with the Pod annotation `key=value` (a new Pod
+/// template), then a wait of up to `limit` until the chart's Deployment has rolled out
+/// `replicas` updated, Ready replicas and no others.
+pub async fn roll(
+    helm: &mut Command,
+    client: &Client,
+    (release, namespace): (&str, &str),
+    (key, value): (&str, &str),
+    replicas: i32,
+    limit: Duration,
+) -> Result<()> {
+    crate::process::run(
+        helm.args(["upgrade", release])
+            .arg(workspace_root().join("charts/myresource-operator"))
+            .args(["--namespace", namespace, "--reuse-values"])
+            .args(["--set", &format!("podAnnotations.{key}={value}")]),
+        None,
+    )?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let name = format!("{release}-myresource-operator");
+    poll("the rollout to complete", limit, || async {
+        let d = deployments.get(&name).await?;
+        let status = d.status.unwrap_or_default();
+        let done = status.observed_generation == d.metadata.generation
+            && status.updated_replicas == Some(replicas)
+            && status.ready_replicas == Some(replicas)
+            && status.replicas == Some(replicas);
+        Ok(done.then_some(()))
+    })
+    .await
 }
 
 /// Waits up to `limit` until release `release` in `namespace` has `n` live Pods, all

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use e2e::audit;
 use e2e::harness::{self, TestEnv};
-use e2e::operator::{http_get, workspace_root};
+use e2e::operator::http_get;
 use e2e::process::run;
 use e2e::wait::poll;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -62,7 +62,6 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     e2e::node::import_into(&node_dir, &built.image)?;
 
     // 1. helm install: default values apart from the image.
-    let chart = workspace_root().join("charts/myresource-operator");
     e2e::chart::install(
         &mut helm(&env)?,
         RELEASE,
@@ -202,28 +201,13 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     //    no overlapping write, and leadership moves once, onto a Pod of the new template
     //    (the releasing leader names it as its successor).
     let rollout_began = Timestamp::now();
-    run(
-        helm(&env)?.args(["upgrade", RELEASE]).arg(&chart).args([
-            "--reuse-values",
-            "--set",
-            "podAnnotations.rollout=second",
-        ]),
-        None,
-    )?;
-    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
-    poll(
-        "the rollout to complete",
+    e2e::chart::roll(
+        &mut helm(&env)?,
+        &env.client,
+        (RELEASE, &env.namespace),
+        ("rollout", "second"),
+        3,
         Duration::from_secs(240),
-        || async {
-            let d = deployments.get(FULLNAME).await?;
-            let status = d.status.unwrap_or_default();
-            let done = status.observed_generation == d.metadata.generation
-                && status.updated_replicas == Some(3)
-                && status.ready_replicas == Some(3)
-                && status.available_replicas == Some(3)
-                && status.replicas == Some(3);
-            Ok(done.then_some(()))
-        },
     )
     .await?;
     set_message(&env.client, "after the rollout").await?;

@@ -17,7 +17,6 @@ use anyhow::{Context, Result, ensure};
 use e2e::cluster::Cluster;
 use e2e::lease::wait_for_holder;
 use e2e::node::image::Image;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -29,8 +28,6 @@ use super::report::Report;
 
 const NAMESPACE: &str = "bench-pods";
 const RELEASE: &str = "mro";
-/// The chart's Deployment of release `mro`.
-const RELEASE_DEPLOYMENT: &str = "mro-myresource-operator";
 const EXAMPLE: &str = "example-myresource";
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -215,7 +212,6 @@ struct Rollout {
 /// `count` rollouts (`helm upgrade` with a new Pod annotation), each measured from the
 /// audit log.
 async fn rollouts(cluster: &Cluster, client: &Client, count: usize) -> Result<Vec<Rollout>> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let mut rollouts = Vec::new();
     for i in 0..count {
@@ -224,23 +220,8 @@ async fn rollouts(cluster: &Cluster, client: &Client, count: usize) -> Result<Ve
         let from = Timestamp::now();
         let mark = format!("r{i}");
         let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
-        e2e::process::run(
-            helm.args(["upgrade", RELEASE])
-                .arg(e2e::operator::workspace_root().join("charts/myresource-operator"))
-                .args(["--namespace", NAMESPACE, "--reuse-values"])
-                .args(["--set", &format!("podAnnotations.rollout={mark}")]),
-            None,
-        )?;
-        e2e::wait::poll("the rollout to complete", LIMIT, || async {
-            let d = deployments.get(RELEASE_DEPLOYMENT).await?;
-            let status = d.status.unwrap_or_default();
-            let done = status.observed_generation == d.metadata.generation
-                && status.updated_replicas == Some(3)
-                && status.ready_replicas == Some(3)
-                && status.replicas == Some(3);
-            Ok(done.then_some(()))
-        })
-        .await?;
+        let (namespace, rollout) = (NAMESPACE, ("rollout", mark.as_str()));
+        e2e::chart::roll(&mut helm, client, (RELEASE, namespace), rollout, 3, LIMIT).await?;
         let holder = wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
         let log = e2e::audit::read(&cluster.audit_log)?;
         let terms = e2e::audit::acquisitions(&log, NAMESPACE, e2e::lease::NAME);

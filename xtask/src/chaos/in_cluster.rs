@@ -23,7 +23,6 @@ use e2e::audit;
 use e2e::cluster::{Cluster, NODE_DIR};
 use e2e::lease::{self, TEST_TIMINGS};
 use e2e::operator::http_get;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams};
@@ -33,10 +32,10 @@ use serde_json::{Value, json};
 use super::checks::{self, Counts};
 use super::schedule::{Fault, POD_FAULTS, schedule};
 use super::workload::Workload;
-use super::{ChaosArgs, NAMESPACE, Round, report, settle};
+use super::{ChaosArgs, NAMESPACE, Round, report, settle, verdict};
 
 const RELEASE: &str = "chaos";
-/// The chart's Deployment of release `chaos`.
+/// The chart's Deployment of release `chaos`, whose name starts its Pods'.
 const DEPLOYMENT: &str = "chaos-myresource-operator";
 const SELECTOR: &str = "app.kubernetes.io/instance=chaos";
 /// Pods starting on two busy cores, a rollout of three.
@@ -85,12 +84,7 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
     .await;
     let _ = std::fs::copy(&cluster.audit_log, out.join("audit.log"));
     cluster.stop();
-    let report = result?;
-    if checks::failed(&report) {
-        bail!("chaos checks failed; see {}/report.md", out.display());
-    }
-    eprintln!("chaos checks passed; see {}/report.md", out.display());
-    Ok(())
+    verdict(&out, result)
 }
 
 struct InCluster {
@@ -232,14 +226,16 @@ impl InCluster {
             }
             Fault::Rollout => {
                 let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
-                e2e::process::run(
-                    helm.args(["upgrade", RELEASE])
-                        .arg(e2e::operator::workspace_root().join("charts/myresource-operator"))
-                        .args(["--namespace", NAMESPACE, "--reuse-values"])
-                        .args(["--set", &format!("podAnnotations.chaos=r{round}")]),
-                    None,
-                )?;
-                self.rolled_out().await?;
+                let mark = format!("r{round}");
+                e2e::chart::roll(
+                    &mut helm,
+                    &self.client,
+                    (RELEASE, NAMESPACE),
+                    ("chaos", &mark),
+                    3,
+                    LIMIT,
+                )
+                .await?;
                 let log = audit::read(&cluster.audit_log)?;
                 let terms = audit::acquisitions(&log, NAMESPACE, lease::NAME);
                 let handovers = audit::handovers(&terms, at);
@@ -251,21 +247,6 @@ impl InCluster {
             other => bail!("{} is not a fault against Pods", other.kind()),
         }
         Ok(details)
-    }
-
-    /// Waits until the Deployment's rollout is complete.
-    async fn rolled_out(&self) -> Result<()> {
-        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), NAMESPACE);
-        e2e::wait::poll("the rollout to complete", LIMIT, || async {
-            let d = deployments.get(DEPLOYMENT).await?;
-            let status = d.status.unwrap_or_default();
-            let done = status.observed_generation == d.metadata.generation
-                && status.updated_replicas == Some(3)
-                && status.ready_replicas == Some(3)
-                && status.replicas == Some(3);
-            Ok(done.then_some(()))
-        })
-        .await
     }
 
     /// Waits for a leader (one whose term is not `ended`, when given) and its first

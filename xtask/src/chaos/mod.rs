@@ -107,8 +107,12 @@ pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
     let audit_copy = out.join("audit.log");
     let _ = std::fs::copy(&chaos.cluster.audit_log, &audit_copy);
     chaos.cluster.stop();
-    let report = result?;
-    if checks::failed(&report) {
+    verdict(&out, result)
+}
+
+/// A run's outcome: its error, or whether its report (in `out`) shows a failed check.
+fn verdict(out: &Path, report: Result<Value>) -> Result<()> {
+    if checks::failed(&report?) {
         bail!("chaos checks failed; see {}/report.md", out.display());
     }
     eprintln!("chaos checks passed; see {}/report.md", out.display());
