@@ -128,6 +128,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
             Api::namespaced(clients.election.clone(), &pod.namespace),
             &pod.name,
             args.replica_selector.clone(),
+            &clients.reachability,
         )
     });
     let mut terminate = signal(SignalKind::terminate())?;

@@ -7,9 +7,11 @@
 //! this Pod's own labels without the per-revision and per-Pod ones, read once).
 //! Invariant: [`Replicas::pods`] is the state the watch last delivered, a re-list
 //! replacing it whole once complete (never a mix of two lists).
-//! Failures are retried with kube's backoff; a replica that cannot watch (say, RBAC without
-//! Pods in its namespace) logs it once, and meanwhile detects crashes by lease expiry only,
-//! stops at the kubelet's SIGTERM only, and names no successor.
+//! Failures are retried as the caches' watches are ([`crate::cache::retry`]: kube's backoff,
+//! cut short by the API server's return, so the view is not stale for up to 30 s after an
+//! outage); meanwhile a replica detects crashes by lease expiry only, stops at the
+//! kubelet's SIGTERM only, and may name a successor from a stale view (which costs at most
+//! a retry period, see [`crate::succession`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,11 +19,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tracing::{info, warn};
+
+use crate::cache::retry::retried;
+use crate::kubeclient::Reachability;
 
 /// The replicas' Pods by name.
 pub type Pods = BTreeMap<String, Arc<Pod>>;
@@ -44,9 +48,15 @@ pub struct Replicas {
 impl Replicas {
     /// Starts watching the Pods of `api`'s namespace matching `selector` (by default the
     /// labels of this replica's Pod `own`, see the module doc).
-    pub fn start(api: Api<Pod>, own: &str, selector: Option<String>) -> Self {
+    pub fn start(
+        api: Api<Pod>,
+        own: &str,
+        selector: Option<String>,
+        reachability: &Reachability,
+    ) -> Self {
         let (sender, pods) = watch::channel(Arc::default());
-        tokio::spawn(run(api, own.to_string(), selector, sender));
+        let returns = reachability.subscribe();
+        tokio::spawn(run(api, own.to_string(), selector, returns, sender));
         Replicas { pods }
     }
 
@@ -82,6 +92,7 @@ async fn run(
     api: Api<Pod>,
     own: String,
     selector: Option<String>,
+    returns: watch::Receiver<u64>,
     sender: watch::Sender<Arc<Pods>>,
 ) {
     let selector = match selector.filter(|s| !s.is_empty()) {
@@ -90,33 +101,31 @@ async fn run(
     };
     info!(%selector, "watching this operator's Pods");
     let config = watcher::Config::default().labels(&selector);
-    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    let events = retried(
+        watcher::watcher(api, config),
+        returns,
+        "operator Pod".into(),
+    );
+    let mut events = std::pin::pin!(events);
     let mut listing = Pods::new();
-    let mut warned = false;
     while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Init) => listing.clear(),
-            Ok(Event::InitApply(pod)) => {
+            Event::Init => listing.clear(),
+            Event::InitApply(pod) => {
                 listing.insert(pod.name_any(), Arc::new(pod));
             }
-            Ok(Event::InitDone) => {
-                warned = false;
+            Event::InitDone => {
                 sender.send_replace(Arc::new(std::mem::take(&mut listing)));
             }
-            Ok(Event::Apply(pod)) => {
+            Event::Apply(pod) => {
                 sender.send_modify(|pods| {
                     Arc::make_mut(pods).insert(pod.name_any(), Arc::new(pod));
                 });
             }
-            Ok(Event::Delete(pod)) => {
+            Event::Delete(pod) => {
                 sender.send_modify(|pods| {
                     Arc::make_mut(pods).remove(&pod.name_any());
                 });
-            }
-            Err(err) => {
-                if !std::mem::replace(&mut warned, true) {
-                    warn!(error = %err, "cannot watch this operator's Pods: crashes are detected by lease expiry only until this works");
-                }
             }
         }
         if sender.is_closed() {

@@ -24,7 +24,7 @@
 
 mod pods;
 mod reflect;
-mod retry;
+pub(crate) mod retry;
 mod store;
 
 pub use pods::PodIndex;

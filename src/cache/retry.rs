@@ -19,7 +19,7 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 /// exponential backoff or until the API server answers again (`returns` moves), whichever
 /// comes first; a return also starts the backoff over. Failures are logged at a bounded
 /// rate.
-pub(super) fn retried<K, S>(
+pub(crate) fn retried<K, S>(
     events: S,
     returns: watch::Receiver<u64>,
     kind: String,

@@ -125,6 +125,12 @@ impl InCluster {
 
         let events = audit::read(&cluster.audit_log)?;
         let (terms, overlaps) = checks::audit_checks(&events, &mut faults);
+        for fault in faults
+            .iter_mut()
+            .filter(|f| f["kind"] == Fault::Rollout.kind())
+        {
+            rollout_handovers(fault, &terms);
+        }
         let mut report = report::build(args, faults, &overlaps, &counts, operations, terms.len());
         report["mode"] = "in-cluster: the chart's Pods on a node".into();
         report::write(out, &report, &terms, started_at, ended_at)?;
@@ -153,7 +159,7 @@ impl InCluster {
             .await?
             .context("a Lease with an acquireTime")?;
         let at = Timestamp::now();
-        let details = self.inject(cluster, fault, round, &leader, at).await?;
+        let details = self.inject(cluster, fault, round, &leader).await?;
         // Every fault but the API server's restart (the leader keeps the Lease) ends the
         // term: the failover counts until the next term's first reconcile.
         let moved = (fault != Fault::ApiserverRestart).then_some(term.as_str());
@@ -183,15 +189,14 @@ impl InCluster {
         Ok(round.record(single, lost))
     }
 
-    /// Strikes the leader Pod `leader` (or the cluster) with `fault` at `at`; returns what
-    /// it did, for the report.
+    /// Strikes the leader Pod `leader` (or the cluster) with `fault`; returns what it did,
+    /// for the report (a rollout's handovers are added at the end).
     async fn inject(
         &mut self,
         cluster: &mut Cluster,
         fault: Fault,
         round: usize,
         leader: &str,
-        at: Timestamp,
     ) -> Result<Value> {
         let mut details = json!({});
         match fault {
@@ -236,13 +241,6 @@ impl InCluster {
                     LIMIT,
                 )
                 .await?;
-                let log = audit::read(&cluster.audit_log)?;
-                let terms = audit::acquisitions(&log, NAMESPACE, lease::NAME);
-                let handovers = audit::handovers(&terms, at);
-                details["leadership_moves"] = handovers.moves.into();
-                details["longest_gap_ms"] = (handovers.longest_gap.as_secs_f64() * 1000.0)
-                    .round()
-                    .into();
             }
             other => bail!("{} is not a fault against Pods", other.kind()),
         }
@@ -350,6 +348,26 @@ impl InCluster {
         }
         Ok(found)
     }
+}
+
+/// A rollout round's leadership moves and longest leaderless gap, from the whole run's
+/// terms (read at the end: the audit log may not hold a round's last writes yet when the
+/// round ends).
+fn rollout_handovers(fault: &mut Value, terms: &[audit::Acquisition]) {
+    let at = |field: &str| {
+        fault[field]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+    };
+    let (Some(from), Some(until)) = (at("at"), at("until")) else {
+        return;
+    };
+    let during: Vec<_> = terms.iter().filter(|t| t.at < until).cloned().collect();
+    let handovers = audit::handovers(&during, from);
+    fault["details"]["leadership_moves"] = handovers.moves.into();
+    fault["details"]["longest_gap_ms"] = (handovers.longest_gap.as_secs_f64() * 1000.0)
+        .round()
+        .into();
 }
 
 fn signal(pid: u32, signal: i32) -> Result<()> {
