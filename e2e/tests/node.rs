@@ -170,11 +170,7 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     let pid = e2e::node::pod_process(&second, "/myresource-operator")?;
     let restarts_before = restarts(&env.client, &env.namespace, &second).await?;
     let killed_at = Instant::now();
-    // SAFETY: kill has no memory preconditions; the pid is the container's operator.
-    ensure!(
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0,
-        "kill {pid}"
-    );
+    e2e::node::sigkill(pid)?;
     let third =
         e2e::lease::wait_for_holder(&env.client, &env.namespace, Some(&second), FAILOVER_WITHIN)
             .await?;

@@ -198,6 +198,15 @@ pub fn pod_process(pod: &str, program: &str) -> Result<u32> {
     }
 }
 
+/// SIGKILLs the host process `pid` (one [`pod_process`] found), as a user on the node would.
+pub fn sigkill(pid: u32) -> Result<()> {
+    // SAFETY: kill has no memory preconditions.
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("kill -9 {pid}"));
+    }
+    Ok(())
+}
+
 fn archive_path(dir: &Path, image: &Image) -> PathBuf {
     dir.join("images")
         .join(format!("{}.tar", image.reference.replace(['/', ':'], "_")))

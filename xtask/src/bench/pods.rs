@@ -159,12 +159,7 @@ async fn once(client: &Client, fault: Fault, run: usize) -> Result<(f64, bool)> 
     let at = Instant::now();
     match fault {
         Fault::Kill => {
-            let pid = e2e::node::pod_process(&leader, "/myresource-operator")?;
-            // SAFETY: kill has no memory preconditions; the pid was just found.
-            ensure!(
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0,
-                "kill {pid}"
-            );
+            e2e::node::sigkill(e2e::node::pod_process(&leader, "/myresource-operator")?)?;
         }
         Fault::Delete => {
             pods.delete(&leader, &DeleteParams::default()).await?;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, bail};
 use e2e::audit;
 use e2e::cluster::{Cluster, NODE_DIR};
 use e2e::lease::{self, TEST_TIMINGS};
@@ -206,7 +206,7 @@ impl InCluster {
             Fault::ContainerKill => {
                 let uid = self.pods.get(leader).await?.uid().unwrap_or_default();
                 let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
-                signal(pid, libc::SIGKILL)?;
+                e2e::node::sigkill(pid)?;
                 *self.expected_restarts.entry(uid).or_default() += 1;
             }
             Fault::PodFreeze => {
@@ -368,15 +368,6 @@ fn rollout_handovers(fault: &mut Value, terms: &[audit::Acquisition]) {
     fault["details"]["longest_gap_ms"] = (handovers.longest_gap.as_secs_f64() * 1000.0)
         .round()
         .into();
-}
-
-fn signal(pid: u32, signal: i32) -> Result<()> {
-    // SAFETY: kill has no memory preconditions; the pid was just found.
-    ensure!(
-        unsafe { libc::kill(pid as i32, signal) } == 0,
-        "kill -{signal} {pid}"
-    );
-    Ok(())
 }
 
 /// The freezer of process `pid`'s cgroup (its container's): cgroup v1's freezer hierarchy

@@ -168,11 +168,7 @@ async fn demo(
     let pid = e2e::node::pod_process(&second, "/myresource-operator")?;
     println!("    pid {pid} on the host is /myresource-operator in Pod {second}");
     let third = failover(&kc, &client, &second, "after the kill", |_| {
-        // SAFETY: kill has no memory preconditions; the pid was just found.
-        if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("kill");
-        }
-        Ok(())
+        e2e::node::sigkill(pid)
     })
     .await?;
     step(&format!(
