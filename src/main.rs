@@ -162,9 +162,9 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let deleted = std::cell::Cell::new(false);
     let stop = async {
         let deleting = async {
-            match (&replicas, &pod) {
-                (Some(replicas), Some(pod)) => replicas.deleting(&pod.name).await,
-                _ => std::future::pending().await,
+            match &replicas {
+                Some(replicas) => replicas.deleting().await,
+                None => std::future::pending().await,
             }
         };
         tokio::select! {

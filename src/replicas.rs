@@ -42,6 +42,8 @@ const PER_POD_LABELS: [&str; 4] = [
 /// A watch of the replicas' Pods, running until the last clone is dropped.
 #[derive(Clone)]
 pub struct Replicas {
+    /// This replica's Pod.
+    own: Arc<str>,
     pods: watch::Receiver<Arc<Pods>>,
 }
 
@@ -57,7 +59,10 @@ impl Replicas {
         let (sender, pods) = watch::channel(Arc::default());
         let returns = reachability.subscribe();
         tokio::spawn(run(api, own.to_string(), selector, returns, sender));
-        Replicas { pods }
+        Replicas {
+            own: own.into(),
+            pods,
+        }
     }
 
     /// The Pods as last seen.
@@ -71,14 +76,14 @@ impl Replicas {
         self.pods.clone()
     }
 
-    /// Resolves once the Pod `name` (this replica's) is being deleted: a stop that the
-    /// kubelet's SIGTERM would only bring later. Never resolves while the Pods cannot be
-    /// watched: the SIGTERM still comes.
-    pub async fn deleting(&self, name: &str) {
+    /// Resolves once this replica's Pod is being deleted: a stop that the kubelet's SIGTERM
+    /// would only bring later. Never resolves while the Pods cannot be watched: the SIGTERM
+    /// still comes.
+    pub async fn deleting(&self) {
         let mut pods = self.subscribe();
         let deleting = pods
             .wait_for(|pods| {
-                pods.get(name)
+                pods.get(&*self.own)
                     .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
             })
             .await;
