@@ -25,6 +25,7 @@
 //! `main` only wires: it makes the one [`metrics::Metrics`] and hands it to the parts that
 //! record, and it builds the chain caches → [`echo::EchoFilter`] → [`controller::Controller`].
 
+pub mod assignment;
 pub mod cache;
 pub mod cli;
 pub mod controller;
@@ -44,6 +45,7 @@ pub mod reconcile;
 pub mod replicas;
 pub mod resource;
 pub mod shard;
+pub mod shardkey;
 pub mod succession;
 pub mod telemetry;
 pub mod throttle;
