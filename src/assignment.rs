@@ -56,6 +56,43 @@ impl Plan {
     }
 }
 
+/// What one replica's shard elections may do now, from the plan and who is warm.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Intent {
+    /// Shards this replica may acquire: the plan gives them to it, and its cache of each
+    /// has listed (a leader must find every object of its shard in its cache).
+    pub lead: BTreeSet<usize>,
+    /// Shards this replica holds and should release: the plan gives them to another
+    /// replica whose cache of them has listed, so the handover costs it no LIST.
+    pub hand_off: BTreeSet<usize>,
+}
+
+/// The intent of replica `me`, which holds `held`, when `warm` says whose caches of which
+/// shards have listed.
+pub fn intent(
+    plan: &Plan,
+    me: &str,
+    warm: &BTreeMap<String, BTreeSet<usize>>,
+    held: &BTreeSet<usize>,
+) -> Intent {
+    let warm_for = |member: &str, shard: usize| warm.get(member).is_some_and(|w| w.contains(&shard));
+    Intent {
+        lead: plan
+            .led_by(me)
+            .into_iter()
+            .filter(|i| warm_for(me, *i))
+            .collect(),
+        hand_off: held
+            .iter()
+            .copied()
+            .filter(|i| match plan.leaders.get(*i).and_then(Option::as_deref) {
+                Some(other) => other != me && warm_for(other, *i),
+                None => false,
+            })
+            .collect(),
+    }
+}
+
 /// Members in rendezvous order for `shard`: highest weight first.
 fn rendezvous<'a>(shard: usize, members: impl Iterator<Item = &'a String>) -> Vec<&'a String> {
     let mut ranked: Vec<(u64, &String)> = members
@@ -249,6 +286,36 @@ mod tests {
         let empty = plan(&view(&[], &[Some("a")]), 1);
         assert_eq!(empty.leaders, [None]);
         assert!(empty.cached_by("a").is_empty());
+    }
+
+    #[test]
+    fn a_replica_leads_only_warm_shards_and_hands_off_only_to_warm_replicas() {
+        let plan = plan(&view(&["a", "b"], &[Some("a"), Some("a"), Some("a"), None]), 1);
+        // a keeps two of its three; b gets the third and the free one.
+        let given: Vec<usize> = plan.led_by("b").into_iter().collect();
+        assert_eq!(given.len(), 2);
+        let held_by_a: BTreeSet<usize> = [0, 1, 2].into();
+        let moving = *given.iter().find(|i| held_by_a.contains(i)).unwrap();
+        let warm = |b: &[usize]| {
+            BTreeMap::from([
+                ("a".to_string(), BTreeSet::from([0, 1, 2])),
+                ("b".to_string(), b.iter().copied().collect()),
+            ])
+        };
+        // b not warm yet: a keeps leading, b may take nothing.
+        let cold = warm(&[]);
+        assert!(intent(&plan, "a", &cold, &held_by_a).hand_off.is_empty());
+        assert!(intent(&plan, "b", &cold, &BTreeSet::new()).lead.is_empty());
+        // b warm for its shards: a hands the moving one off, b may lead both.
+        let ready = warm(&given);
+        assert_eq!(
+            intent(&plan, "a", &ready, &held_by_a).hand_off,
+            BTreeSet::from([moving])
+        );
+        assert_eq!(
+            intent(&plan, "b", &ready, &BTreeSet::new()).lead,
+            given.into_iter().collect()
+        );
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub struct RunArgs {
     pub health_addr: SocketAddr,
 
     /// Number of shards: each has its own queue and workers; a key's shard is a stable hash
-    /// of namespace/name.
+    /// of namespace/name. Ignored in scale-out mode, where each shard Lease has one queue.
     #[arg(long, env = "SHARDS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub shards: u16,
 
@@ -76,7 +76,19 @@ pub struct RunArgs {
     #[arg(long, env = "WORKERS_PER_SHARD", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub workers_per_shard: u16,
 
-    /// Name of the Lease that elects the leader.
+    /// Scale-out mode: the number of shard Leases (`<lease-name>-<shard>`), divided fairly
+    /// among the live replicas, each of which caches only the shards it leads or stands by
+    /// for. 0 (the default) keeps one leader for everything.
+    #[arg(long, env = "SHARD_LEASES", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub shard_leases: u16,
+
+    /// Scale-out mode: replicas that cache each shard warm besides its leader, so that a
+    /// takeover needs no LIST.
+    #[arg(long, env = "SHARD_STANDBYS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=8))]
+    pub shard_standbys: u8,
+
+    /// Name of the Lease that elects the leader (in scale-out mode, the shard Leases'
+    /// prefix and the group's name).
     #[arg(long, env = "LEASE_NAME", default_value = "myresource-operator")]
     pub lease_name: String,
 

@@ -3,17 +3,21 @@
 //!
 //! Invariants:
 //! - followers enqueue nothing (their caches stay warm, their queues empty);
-//! - a term starts by marking the controller leading and then enqueuing every key in the
+//! - a term starts by marking its shards led and then enqueuing every key of theirs in the
 //!   warm MyResource cache (no LIST, no waiting), so no change between the two is missed;
 //! - a term ends by cancelling the workers (in-flight reconciles are dropped at their next
-//!   await; writes are fenced anyway) and clearing the queues.
+//!   await; writes are fenced anyway) and clearing its queues.
+//!
+//! A term covers every shard (one Lease), or in scale-out mode one shard (its shard
+//! Lease): a key's shard is then its MyResource's uid's ([`crate::shardkey`]), looked up
+//! in the cache; a key not in the cache is no shard's (another replica's, or deleted).
 //!
 //! Each reconcile runs in a `reconcile` span (namespace, name, kind, shard, trigger, result,
 //! requeue delay) linked to the short `watch.event` span recorded when the change arrived.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use opentelemetry::trace::{SpanContext, TraceContextExt};
@@ -21,12 +25,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::cache::{Change, Sink, Trigger};
+use crate::cache::{Caches, Change, Sink, Trigger};
 use crate::key::ObjectKey;
 use crate::metrics::{Metrics, QueueState, ReconcileResult};
 use crate::queue::Outcome;
 use crate::reconcile::{Context, reconcile};
-use crate::shard::{Shard, Shards};
+use crate::shard::{Shard, Shards, shard_of};
+use crate::shardkey::ShardKey;
 
 /// Why a key was last enqueued, and the span of that watch event.
 #[derive(Debug, Clone)]
@@ -38,17 +43,23 @@ struct Cause {
 /// Shared by the echo filter (as its next [`Sink`]) and the leadership loop.
 pub struct Controller {
     shards: Shards,
-    leading: AtomicBool,
+    /// Per shard, whether a term runs for it.
+    leading: Vec<AtomicBool>,
+    /// Scale-out mode: the shard key, and the caches that give a key its uid.
+    routing: OnceLock<(ShardKey, Caches)>,
     causes: Mutex<HashMap<ObjectKey, Cause>>,
     metrics: Arc<Metrics>,
 }
 
 impl Sink for Controller {
     fn changed(&self, change: Change) {
-        if !self.leading.load(Ordering::SeqCst) {
+        let Change { key, trigger, .. } = change;
+        let Some(shard) = self.shard_of(&key) else {
+            return;
+        };
+        if !self.leading[shard].load(Ordering::SeqCst) {
             return;
         }
-        let Change { key, trigger, .. } = change;
         let span =
             tracing::info_span!("watch.event", trigger = trigger.as_str(), myresource = %key);
         let context = span.context().span().span_context().clone();
@@ -60,15 +71,16 @@ impl Sink for Controller {
                 span: context,
             },
         );
-        self.enqueue(key);
+        self.enqueue(shard, key);
     }
 }
 
 impl Controller {
     pub fn new(shards: Shards, metrics: Arc<Metrics>) -> Self {
         Controller {
+            leading: shards.iter().map(|_| AtomicBool::new(false)).collect(),
             shards,
-            leading: AtomicBool::new(false),
+            routing: OnceLock::new(),
             causes: Mutex::new(HashMap::new()),
             metrics,
         }
@@ -79,55 +91,100 @@ impl Controller {
         self.shards.snapshot()
     }
 
-    fn enqueue(&self, key: ObjectKey) {
-        if self.shards.add(key) {
+    /// Scale-out mode: route keys by `key` (one queue per shard Lease) through `caches`.
+    pub fn route_by_uid(&self, key: ShardKey, caches: Caches) {
+        assert_eq!(key.shards(), self.shards.len(), "one queue per shard Lease");
+        if self.routing.set((key, caches)).is_err() {
+            panic!("routing is set once, at startup");
+        }
+    }
+
+    /// The shard of `key`: by name, or in scale-out mode by its cached MyResource's uid.
+    fn shard_of(&self, key: &ObjectKey) -> Option<usize> {
+        match self.routing.get() {
+            None => Some(shard_of(key, self.shards.len())),
+            Some((shard_key, caches)) => {
+                let uid = caches.myresources.get(key)?.metadata.uid.clone()?;
+                Some(shard_key.shard_of_uid(&uid))
+            }
+        }
+    }
+
+    fn enqueue(&self, shard: usize, key: ObjectKey) {
+        if self.shards.add_to(shard, key) {
             self.metrics.queue_added();
         }
     }
 
-    /// Runs one leadership term with `workers_per_shard` workers on every shard, until
-    /// `cancel` fires.
+    /// Runs one leadership term with `workers_per_shard` workers on every shard (`only`
+    /// `None`), or on shard `only` (scale-out mode), until `cancel` fires. `lease` names
+    /// the term's Lease in the takeover metric.
     pub async fn lead(
         &self,
         ctx: Arc<Context>,
         workers_per_shard: usize,
+        only: Option<usize>,
+        lease: &str,
         cancel: CancellationToken,
     ) {
         let acquired = Instant::now();
-        self.leading.store(true, Ordering::SeqCst);
-        let keys = ctx.caches.myresource_keys();
+        let shards: Vec<&Shard> = match only {
+            None => self.shards.iter().collect(),
+            Some(index) => vec![self.shards.get(index)],
+        };
+        for shard in &shards {
+            self.leading[shard.index].store(true, Ordering::SeqCst);
+        }
+        let keys = match only {
+            None => ctx.caches.myresource_keys(),
+            Some(index) => ctx.caches.shard_keys(index),
+        };
         info!(
             keys = keys.len(),
+            shard = only,
             "leading: enqueuing every cached MyResource"
         );
         for key in keys {
-            self.enqueue(key);
+            if let Some(shard) = only.or_else(|| self.shard_of(&key)) {
+                self.enqueue(shard, key);
+            }
         }
-        self.metrics
-            .term_started(workers_per_shard * self.shards.len());
+        let workers = (workers_per_shard * shards.len()) as i64;
+        self.metrics.workers_changed(workers);
         let takeover = Takeover {
             acquired,
+            lease,
             first_done: AtomicBool::new(false),
             drained_done: AtomicBool::new(false),
         };
-        let workers = self.shards.iter().flat_map(|shard| {
-            let (ctx, cancel, takeover) = (ctx.clone(), cancel.clone(), &takeover);
+        let running = shards.iter().flat_map(|shard| {
+            let (ctx, cancel, takeover, shards) = (ctx.clone(), cancel.clone(), &takeover, &shards);
             (0..workers_per_shard)
-                .map(move |_| self.work(shard, ctx.clone(), cancel.clone(), takeover))
+                .map(move |_| self.work(shard, shards, ctx.clone(), cancel.clone(), takeover))
         });
-        futures::future::join_all(workers).await;
-        self.leading.store(false, Ordering::SeqCst);
-        self.shards.clear();
-        self.causes.lock().expect("causes lock").clear();
-        info!("leadership term ended: workers stopped, queues cleared");
+        futures::future::join_all(running).await;
+        for shard in &shards {
+            self.leading[shard.index].store(false, Ordering::SeqCst);
+            shard.queue().clear();
+        }
+        self.metrics.workers_changed(-workers);
+        self.causes
+            .lock()
+            .expect("causes lock")
+            .retain(|key, _| only.is_some() && self.shard_of(key) != only);
+        info!(
+            shard = only,
+            "leadership term ended: workers stopped, queues cleared"
+        );
     }
 
     async fn work(
         &self,
         shard: &Shard,
+        term: &[&Shard],
         ctx: Arc<Context>,
         cancel: CancellationToken,
-        takeover: &Takeover,
+        takeover: &Takeover<'_>,
     ) {
         while let Some(popped) = shard.next(&cancel).await {
             let key = popped.key;
@@ -177,30 +234,34 @@ impl Controller {
                     warn!(myresource = %key, shard = shard.index, error = %err, kind = err.kind(), retry_in = ?retry, "reconcile failed");
                 }
             });
-            takeover.observe(&self.shards, &self.metrics);
+            takeover.observe(term, &self.metrics);
         }
     }
 }
 
-/// Measures the takeover: from acquiring to the first reconcile and to an empty queue.
-struct Takeover {
+/// Measures the takeover: from acquiring to the first reconcile and to empty queues.
+struct Takeover<'a> {
     acquired: Instant,
+    lease: &'a str,
     first_done: AtomicBool,
     drained_done: AtomicBool,
 }
 
-impl Takeover {
-    fn observe(&self, shards: &Shards, metrics: &Metrics) {
-        let gauge = |phase| metrics.takeover(phase, self.acquired.elapsed().as_secs_f64());
+impl Takeover<'_> {
+    fn observe(&self, shards: &[&Shard], metrics: &Metrics) {
+        let gauge = |phase| {
+            metrics.takeover(self.lease, phase, self.acquired.elapsed().as_secs_f64())
+        };
         if !self.first_done.swap(true, Ordering::SeqCst) {
             gauge("first_reconcile");
         }
         if !self.drained_done.load(Ordering::SeqCst)
-            && shards.pending() == 0
+            && shards.iter().map(|s| s.pending()).sum::<usize>() == 0
             && !self.drained_done.swap(true, Ordering::SeqCst)
         {
             gauge("drained");
             info!(
+                lease = self.lease,
                 seconds = self.acquired.elapsed().as_secs_f64(),
                 "takeover drained: every cached key reconciled once"
             );

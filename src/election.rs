@@ -68,6 +68,7 @@ use crate::leadership::{Leadership, Transition};
 use crate::metrics::Metrics;
 use crate::pod::PodInfo;
 use crate::replicas::{Pods, Replicas};
+use crate::assignment::Intent;
 use crate::succession;
 use crate::throttle::{Throttle, Verdict};
 
@@ -206,6 +207,8 @@ pub struct Elector {
     /// process never wrote is a previous process's (a container restarted in the same Pod):
     /// it is someone else's until it expires, as its writes may still be in flight.
     held: bool,
+    /// Labels written on the Lease (scale-out mode: its group, which replicas watch).
+    labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl Elector {
@@ -223,7 +226,14 @@ impl Elector {
             pod: None,
             exited: None,
             held: false,
+            labels: None,
         }
+    }
+
+    /// Labels every Lease this replica writes carries.
+    pub fn labelled(mut self, labels: std::collections::BTreeMap<String, String>) -> Self {
+        self.labels = Some(labels);
+        self
     }
 
     /// The Pod this replica runs in, if any: every Lease it writes is then owned by the
@@ -435,6 +445,7 @@ impl Elector {
                 annotations: self.pod.as_ref().map(|pod| {
                     std::collections::BTreeMap::from([(crash::HOLDER_UID.into(), pod.uid.clone())])
                 }),
+                labels: self.labels.clone(),
                 ..Default::default()
             },
             spec: Some(spec),
@@ -558,6 +569,48 @@ pub struct Driver {
     /// The replicas' Pods (in a Pod only): a holder's proven crash is taken over at once,
     /// and a release names a successor.
     pub replicas: Option<Replicas>,
+    /// Scale-out mode: this shard Lease's place in the replica's plan.
+    pub seat: Option<Seat>,
+}
+
+/// A shard Lease's election in scale-out mode: it acquires only while the plan lets this
+/// replica lead the shard, and hands the shard over when the plan says so
+/// ([`assignment::intent`]). The plan decides liveness only: acquiring is the same
+/// compare-and-swap, releasing the same ordered release, as for the single Lease.
+pub struct Seat {
+    pub shard: usize,
+    pub intent: tokio::sync::watch::Receiver<Intent>,
+}
+
+impl Seat {
+    fn may_lead(&self) -> bool {
+        self.intent.borrow().lead.contains(&self.shard)
+    }
+
+    /// Resolves when the plan says to hand this shard over.
+    async fn hand_off_due(&mut self) {
+        let shard = self.shard;
+        if self
+            .intent
+            .wait_for(|i| i.hand_off.contains(&shard))
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Resolves when a seat's intent changes (never without a seat).
+async fn intent_changed(intent: &mut Option<tokio::sync::watch::Receiver<Intent>>) {
+    match intent {
+        Some(intent) => {
+            if intent.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
 }
 
 impl Driver {
@@ -581,9 +634,19 @@ impl Driver {
             let now = Instant::now();
             let outcome = if self.elector.is_leader(now) {
                 let at = self.elector.next_renew().unwrap_or(now);
+                let hand_off = async {
+                    match self.seat.as_mut() {
+                        Some(seat) => seat.hand_off_due().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = hand_off => {
+                        self.hand_off().await;
+                        continue;
+                    }
                 }
                 self.attempt(true).await
             } else {
@@ -603,9 +666,18 @@ impl Driver {
                     Err(err) => Err(err),
                     Ok(()) => {
                         self.observe_replicas();
-                        match self.elector.next_action(Instant::now(), Timestamp::now()) {
+                        let next = self.elector.next_action(Instant::now(), Timestamp::now());
+                        let retry = Instant::now() + self.elector.timings().retry_period;
+                        match next {
+                            // Takeable, but the plan gives the shard to another replica.
+                            Action::Create(_) | Action::Replace(_) if !self.may_lead() => {
+                                tokio::select! {
+                                    _ = shutdown.cancelled() => break,
+                                    current = self.watch_until(retry) => watched = current,
+                                }
+                                Ok(())
+                            }
                             Action::WaitUntil(until) => {
-                                let retry = Instant::now() + self.elector.timings().retry_period;
                                 let until = until.min(retry).max(Instant::now());
                                 tokio::select! {
                                     _ = shutdown.cancelled() => break,
@@ -632,6 +704,29 @@ impl Driver {
                     pause = Some(Instant::now() + jitter(period, random_fraction()));
                 }
             }
+        }
+        self.release().await;
+    }
+
+    /// Whether the plan lets this replica lead (always for the single Lease).
+    fn may_lead(&self) -> bool {
+        self.seat.as_ref().is_none_or(Seat::may_lead)
+    }
+
+    /// Gives a shard to the replica the plan names: ends the term (fence first), waits
+    /// for its workers to stop (bounded by the renew deadline), then releases, as a
+    /// shutdown does. This replica stays a follower of the shard.
+    async fn hand_off(&mut self) {
+        self.leadership.step_down(
+            Transition::Handoff,
+            "the plan gives this shard to a replica whose cache of it is warm",
+        );
+        let limit = self.elector.timings().renew_deadline;
+        if tokio::time::timeout(limit, self.leadership.wait_idle())
+            .await
+            .is_err()
+        {
+            warn!(?limit, "the shard's workers did not stop in time; releasing anyway");
         }
         self.release().await;
     }
@@ -777,6 +872,7 @@ impl Driver {
     async fn watch_until(&mut self, until: Instant) -> bool {
         // A new receiver wakes once at first: a change since the caller looked is not lost.
         let mut pods = self.replicas.as_ref().map(Replicas::subscribe);
+        let mut intent = self.seat.as_ref().map(|s| s.intent.clone());
         let Some(rv) = self
             .elector
             .observed
@@ -814,7 +910,13 @@ impl Driver {
                 _ = changed(&mut pods) => {
                     self.observe_replicas();
                     let next = self.elector.next_action(Instant::now(), Timestamp::now());
-                    if !matches!(next, Action::WaitUntil(_)) {
+                    if !matches!(next, Action::WaitUntil(_)) && self.may_lead() {
+                        return true;
+                    }
+                }
+                _ = intent_changed(&mut intent) => {
+                    let next = self.elector.next_action(Instant::now(), Timestamp::now());
+                    if !matches!(next, Action::WaitUntil(_)) && self.may_lead() {
                         return true;
                     }
                 }
@@ -844,9 +946,11 @@ impl Driver {
     /// is already closed (by [`Leadership`]'s shutdown) when this runs.
     async fn release(&mut self) {
         self.elector.step_down();
+        // A shard's next leader is the plan's, not a successor's.
         let successor = self
             .replicas
             .as_ref()
+            .filter(|_| self.seat.is_none())
             .zip(self.elector.pod_name())
             .and_then(|(replicas, me)| {
                 succession::successor(replicas.pods().values().map(AsRef::as_ref), me)

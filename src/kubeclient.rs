@@ -97,6 +97,19 @@ pub struct Clients {
     /// The Lease only; never fenced (it is what opens the fence).
     pub election: Client,
     pub reachability: Reachability,
+    config: kube::Config,
+    layer: ApiRequestLayer,
+}
+
+impl Clients {
+    /// Another reconcile client whose writes pass `fence` (a scale-out replica has one per
+    /// shard: each shard's writes are fenced by that shard's Lease).
+    pub fn fenced(&self, fence: Fence) -> Result<Client> {
+        Ok(kube::client::ClientBuilder::try_from(self.config.clone())?
+            .with_layer(&self.layer)
+            .with_layer(&FenceLayer { fence })
+            .build())
+    }
 }
 
 /// Builds both clients from one configuration.
@@ -111,7 +124,7 @@ pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) ->
     let election = kube::client::ClientBuilder::try_from(config.clone())?
         .with_layer(&layer)
         .build();
-    let reconcile = kube::client::ClientBuilder::try_from(config)?
+    let reconcile = kube::client::ClientBuilder::try_from(config.clone())?
         .with_layer(&layer)
         .with_layer(&FenceLayer { fence })
         .build();
@@ -119,7 +132,64 @@ pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) ->
         reconcile,
         election,
         reachability,
+        config,
+        layer,
     })
+}
+
+/// Percent-encodes a query parameter's value.
+fn encode_query_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `client`, with `name=value` added to the query of every GET (lists and watches): how a
+/// watch passes a parameter kube's `watcher::Config` does not know, such as
+/// `shardSelector`.
+pub fn with_query(client: &Client, name: &str, value: &str) -> Client {
+    let base = client.clone();
+    let param = format!("{name}={}", encode_query_value(value));
+    let service = tower::service_fn(move |mut request: Request<kube::client::Body>| {
+        if request.method() == Method::GET {
+            let uri = request.uri();
+            let query = match uri.query() {
+                Some(q) if !q.is_empty() => format!("{q}&{param}"),
+                _ => param.clone(),
+            };
+            let mut parts = uri.clone().into_parts();
+            parts.path_and_query = format!("{}?{query}", uri.path()).parse().ok();
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+        let base = base.clone();
+        async move { base.send(request).await }
+    });
+    Client::new(service, client.default_namespace())
+}
+
+/// Whether the API server filters lists by `shardSelector` (KEP-5866, feature gate
+/// `ShardedListAndWatch`): a server that does echoes the selector in the list's
+/// `metadata.shardInfo`; one that does not ignores the parameter.
+pub async fn serves_shard_selector(client: &Client, path: &str, selector: &str) -> Result<bool> {
+    let uri = format!(
+        "{path}?limit=1&shardSelector={}",
+        encode_query_value(selector)
+    );
+    let request = Request::get(uri).body(Vec::new())?;
+    let text = client
+        .request_text(request)
+        .await
+        .context("probing the API server for shardSelector")?;
+    let list: serde_json::Value = serde_json::from_str(&text).context("a list response")?;
+    Ok(list["metadata"]["shardInfo"]["selector"].is_string())
 }
 
 /// Reads the kubeconfig (the flag, else the usual inference) and sets the user agent

@@ -11,7 +11,13 @@
 //!   cannot start a new term;
 //! - shutdown order: close the fence, cancel the workers and wait for them (bounded by the
 //!   grace period), then stop the election, which releases the Lease. The release comes
-//!   last so a follower that takes over at once never overlaps with our workers.
+//!   last so a follower that takes over at once never overlaps with our workers. A handoff
+//!   (scale-out mode: a shard given to another replica) keeps the same order: the election
+//!   steps down, waits until the term's workers have stopped ([`Leadership::wait_idle`]),
+//!   then releases.
+//!
+//! One `Leadership` per Lease: one per replica, or in scale-out mode one per shard Lease,
+//! each with its own fence.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +45,9 @@ pub enum Transition {
     Lost,
     /// The process is stopping.
     Shutdown,
+    /// This replica gives the Lease to another (scale-out rebalancing); it may lead it
+    /// again later.
+    Handoff,
 }
 
 impl Transition {
@@ -46,6 +55,7 @@ impl Transition {
         match self {
             Transition::Lost => "lost",
             Transition::Shutdown => "shutdown",
+            Transition::Handoff => "handoff",
         }
     }
 }
@@ -61,6 +71,9 @@ pub struct Leadership {
     shut_down: Arc<Mutex<bool>>,
     /// The role, and where the term loop follows it.
     role: Arc<watch::Sender<Role>>,
+    /// Whether a term's workers may still run: set when a term begins, cleared by the term
+    /// loop once they have stopped.
+    running: Arc<watch::Sender<bool>>,
 }
 
 impl Leadership {
@@ -73,6 +86,7 @@ impl Leadership {
             identity: identity.into(),
             shut_down: Arc::default(),
             role: Arc::new(watch::channel(Role::Follower).0),
+            running: Arc::new(watch::channel(false).0),
         };
         leadership.set_status(false);
         leadership
@@ -86,6 +100,17 @@ impl Leadership {
     /// Whether a term is running.
     pub fn is_leading(&self) -> bool {
         *self.role.borrow() == Role::Leader
+    }
+
+    /// The Lease this leadership is of.
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+
+    /// Waits until no worker of a term runs (at once if none does).
+    pub async fn wait_idle(&self) {
+        let mut running = self.running.subscribe();
+        let _ = running.wait_for(|r| !*r).await;
     }
 
     fn set_status(&self, leading: bool) {
@@ -108,6 +133,7 @@ impl Leadership {
         info!(identity = %self.identity, lease = %self.lease, "acquired the Lease: leading");
         self.metrics.became_leader();
         self.set_status(true);
+        self.running.send_replace(true);
         self.role.send_replace(Role::Leader);
     }
 
@@ -129,6 +155,12 @@ impl Leadership {
                 why, "lost leadership: stopping workers, staying a follower"
             ),
             Transition::Shutdown => info!(identity = %self.identity, why, "stepping down"),
+            Transition::Handoff => info!(
+                identity = %self.identity,
+                lease = %self.lease,
+                why,
+                "handing the Lease over: stopping workers, then releasing"
+            ),
         }
         self.set_status(false);
         self.role.send_replace(Role::Follower);
@@ -140,6 +172,8 @@ pub struct Terms {
     pub controller: Arc<Controller>,
     pub ctx: Arc<Context>,
     pub workers_per_shard: usize,
+    /// The shard a term covers (scale-out mode), or `None` for all.
+    pub shard: Option<usize>,
     /// How long a shutdown waits for the workers to stop.
     pub grace: Duration,
 }
@@ -167,15 +201,20 @@ pub async fn run(
                         let cancel = CancellationToken::new();
                         let (controller, ctx) = (terms.controller.clone(), terms.ctx.clone());
                         let (workers, token) = (terms.workers_per_shard, cancel.clone());
-                        let handle = tokio::spawn(async move { controller.lead(ctx, workers, token).await });
+                        let (shard, lease) = (terms.shard, leadership.lease.clone());
+                        let handle = tokio::spawn(async move {
+                            controller.lead(ctx, workers, shard, &lease, token).await
+                        });
                         term = Some((cancel, handle));
                     }
-                    (Role::Follower, true) => {
-                        let (cancel, handle) = term.take().expect("checked");
-                        cancel.cancel();
-                        let _ = handle.await;
+                    (Role::Follower, _) => {
+                        if let Some((cancel, handle)) = term.take() {
+                            cancel.cancel();
+                            let _ = handle.await;
+                        }
+                        leadership.running.send_replace(false);
                     }
-                    _ => {}
+                    (Role::Leader, true) => {}
                 }
             }
             _ = &mut stop => break,
@@ -189,6 +228,7 @@ pub async fn run(
             warn!(grace = ?terms.grace, "workers did not stop within the grace period");
         }
     }
+    leadership.running.send_replace(false);
     let (handle, stop_election) = election;
     stop_election.cancel();
     if let Err(err) = handle.await {
@@ -213,6 +253,7 @@ mod tests {
         let t = Instant::now();
         leadership.extend(t + Duration::from_secs(5));
         assert!(leadership.is_leading());
+        assert!(*leadership.running.borrow(), "a term's workers may run");
         assert_eq!(*role.borrow(), Role::Leader);
         assert!(fence.deadline_at(t).is_ok());
         leadership.step_down(Transition::Lost, "test");

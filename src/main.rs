@@ -16,7 +16,9 @@ use myresource_operator::metrics::{Metrics, State};
 use myresource_operator::queue::Backoff;
 use myresource_operator::reconcile::Context;
 use myresource_operator::replicas::Replicas;
+use myresource_operator::scaleout::{self, ScaleOut};
 use myresource_operator::shard::Shards;
+use myresource_operator::shardkey::ShardKey;
 use myresource_operator::{cache, kubeclient, pod, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -77,22 +79,40 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         ?timings,
         in_pod = pod.is_some(),
         shards = args.shards,
+        shard_leases = args.shard_leases,
         workers_per_shard = args.workers_per_shard,
         "starting"
     );
 
+    // Scale-out mode: one queue per shard Lease, keys routed by their MyResource's uid.
+    let shard_key = (args.shard_leases > 0).then(|| ShardKey::new(args.shard_leases.into()));
+    let queues = shard_key.map_or(args.shards.into(), |k| k.shards());
+
     // The event flow: caches → echo filter → controller.
     let controller = Arc::new(Controller::new(
-        Shards::new(args.shards.into(), Backoff::default()),
+        Shards::new(queues, Backoff::default()),
         metrics.clone(),
     ));
     let echoes = Arc::new(Echoes::default());
-    let caches = cache::start(
-        clients.reconcile.clone(),
-        &args.namespaces,
-        Arc::new(EchoFilter::new(echoes.clone(), controller.clone())),
-        &clients.reachability,
-    );
+    let sink = Arc::new(EchoFilter::new(echoes.clone(), controller.clone()));
+    let caches = match shard_key {
+        None => cache::start(
+            clients.reconcile.clone(),
+            &args.namespaces,
+            sink,
+            &clients.reachability,
+        ),
+        Some(key) => {
+            let caches = cache::start_sharded(
+                clients.reconcile.clone(),
+                &args.namespaces,
+                sink,
+                &clients.reachability,
+            );
+            controller.route_by_uid(key, caches.clone());
+            caches
+        }
+    };
     metrics.observe_state({
         let (controller, caches) = (controller.clone(), caches.clone());
         move || State {
@@ -113,14 +133,6 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     )
     .await?;
 
-    let ctx = Arc::new(Context {
-        client: clients.reconcile.clone(),
-        caches: caches.clone(),
-        echoes,
-        events: Publisher::new(clients.reconcile, "myresource-operator", &identity),
-        fence: fence.clone(),
-    });
-
     // The operator's own Pods, watched from the start so that they are known before this
     // replica campaigns.
     let replicas = pod.as_ref().map(|pod| {
@@ -132,32 +144,14 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         )
     });
     let mut terminate = signal(SignalKind::terminate())?;
-    // Campaign only with synced caches: a leader must find every object in its stores.
+    // Campaign only with synced caches: a leader must find every object in its stores (in
+    // scale-out mode each shard waits for its own; here only the replica-wide ones).
     tokio::select! {
         _ = caches.wait_synced() => {}
         _ = terminate.recv() => return Ok(()),
         _ = tokio::signal::ctrl_c() => return Ok(()),
     }
 
-    let leadership = Leadership::new(fence, &args.lease_name, &identity, metrics.clone());
-    let stop_election = CancellationToken::new();
-    let election = tokio::spawn(
-        Driver {
-            replicas: replicas.clone(),
-            api: Api::namespaced(clients.election, &lease_namespace),
-            elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings)
-                .in_pod(pod.clone()),
-            leadership: leadership.clone(),
-            metrics,
-        }
-        .run(stop_election.clone()),
-    );
-    let terms = Terms {
-        controller,
-        ctx,
-        workers_per_shard: args.workers_per_shard.into(),
-        grace: args.shutdown_grace,
-    };
     // Whether this replica stopped because its Pod is being deleted.
     let deleted = std::cell::Cell::new(false);
     let stop = async {
@@ -176,7 +170,62 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
             }
         }
     };
-    leadership::run(leadership, terms, (election, stop_election), stop).await;
+    match shard_key {
+        None => {
+            let ctx = Arc::new(Context {
+                client: clients.reconcile.clone(),
+                caches: caches.clone(),
+                echoes,
+                events: Publisher::new(clients.reconcile, "myresource-operator", &identity),
+                fence: fence.clone(),
+            });
+            let leadership = Leadership::new(fence, &args.lease_name, &identity, metrics.clone());
+            let stop_election = CancellationToken::new();
+            let election = tokio::spawn(
+                Driver {
+                    replicas: replicas.clone(),
+                    api: Api::namespaced(clients.election, &lease_namespace),
+                    elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings)
+                        .in_pod(pod.clone()),
+                    leadership: leadership.clone(),
+                    metrics,
+                    seat: None,
+                }
+                .run(stop_election.clone()),
+            );
+            let terms = Terms {
+                controller,
+                ctx,
+                workers_per_shard: args.workers_per_shard.into(),
+                shard: None,
+                grace: args.shutdown_grace,
+            };
+            leadership::run(leadership, terms, (election, stop_election), stop).await;
+        }
+        Some(key) => {
+            scaleout::run(
+                ScaleOut {
+                    key,
+                    standbys: args.shard_standbys.into(),
+                    identity: identity.clone(),
+                    group: args.lease_name.clone(),
+                    lease_namespace,
+                    timings,
+                    pod,
+                    replicas: replicas.clone(),
+                    clients,
+                    caches,
+                    controller,
+                    echoes,
+                    metrics,
+                    workers_per_shard: args.workers_per_shard.into(),
+                    grace: args.shutdown_grace,
+                },
+                stop,
+            )
+            .await?;
+        }
+    }
     if deleted.get() {
         // A container that exits before the kubelet has seen its Pod's deletion is
         // restarted (measured: a whole new process, LISTs included, at the moment of the

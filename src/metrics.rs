@@ -65,6 +65,7 @@ struct ShardLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
+    lease: String,
     phase: &'static str,
 }
 
@@ -97,6 +98,15 @@ pub struct Metrics {
     leadership_transitions: Counter,
     takeover_seconds: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
     lease_renew_seconds: Histogram,
+    shards_led: Gauge,
+    shards_cached: Gauge,
+    shard_members: Gauge,
+    shard_filter: Family<ModeLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: &'static str,
 }
 
 impl Default for Metrics {
@@ -148,6 +158,10 @@ impl Metrics {
             lease_renew_seconds: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
             ),
+            shards_led: Gauge::default(),
+            shards_cached: Gauge::default(),
+            shard_members: Gauge::default(),
+            shard_filter: Family::default(),
         };
         {
             let mut r = m.registry.lock().expect("registry lock");
@@ -231,6 +245,26 @@ impl Metrics {
                 "Latency of successful Lease renewals",
                 m.lease_renew_seconds.clone(),
             );
+            r.register(
+                "myresource_operator_shards_led",
+                "Scale-out mode: shard Leases this replica leads",
+                m.shards_led.clone(),
+            );
+            r.register(
+                "myresource_operator_shards_cached",
+                "Scale-out mode: shards this replica caches (led, standing by, or handing over)",
+                m.shards_cached.clone(),
+            );
+            r.register(
+                "myresource_operator_shard_members",
+                "Scale-out mode: live replicas in this replica's view of the shard group",
+                m.shard_members.clone(),
+            );
+            r.register(
+                "myresource_operator_shard_filter",
+                "Scale-out mode: 1 for how MyResources are filtered by shard: mode=server (the API server's shardSelector) or mode=client (listed in full, filtered here)",
+                m.shard_filter.clone(),
+            );
             r.register_collector(Box::new(ProcessCollector));
         }
         m.init_series();
@@ -272,11 +306,11 @@ impl Metrics {
         self.queue_adds.get_or_create(&QUEUE_LABELS).inc();
     }
 
-    /// A leadership term started with `workers` workers over all shards.
-    pub fn term_started(&self, workers: usize) {
+    /// A leadership term started (`workers` > 0) or ended (< 0) with that many workers.
+    pub fn workers_changed(&self, workers: i64) {
         self.max_concurrent_reconciles
             .get_or_create(&CONTROLLER_LABELS)
-            .set(workers as i64);
+            .inc_by(workers);
     }
 
     /// A worker took a key that had waited `waited` in shard `shard`'s queue.
@@ -330,11 +364,28 @@ impl Metrics {
         self.leadership_transitions.inc();
     }
 
-    /// The current term's takeover reached `phase` `seconds` after acquiring the Lease.
-    pub fn takeover(&self, phase: &'static str, seconds: f64) {
+    /// The current term of Lease `lease` reached takeover `phase` `seconds` after
+    /// acquiring it.
+    pub fn takeover(&self, lease: &str, phase: &'static str, seconds: f64) {
         self.takeover_seconds
-            .get_or_create(&PhaseLabels { phase })
+            .get_or_create(&PhaseLabels {
+                lease: lease.into(),
+                phase,
+            })
             .set(seconds);
+    }
+
+    /// Scale-out mode: shards led and cached, and live members seen.
+    pub fn shards(&self, led: usize, cached: usize, members: usize) {
+        self.shards_led.set(led as i64);
+        self.shards_cached.set(cached as i64);
+        self.shard_members.set(members as i64);
+    }
+
+    /// Scale-out mode: whether the API server filters by shard (`server`) or we do.
+    pub fn shard_filter(&self, server_side: bool) {
+        let mode = if server_side { "server" } else { "client" };
+        self.shard_filter.get_or_create(&ModeLabels { mode }).set(1);
     }
 
     /// A Lease renewal succeeded after `took`.

@@ -34,6 +34,7 @@ use crate::events::{EventType, Publisher};
 use crate::fence::{Fence, NotLeader};
 use crate::key::ObjectKey;
 use crate::queue::Outcome;
+use crate::shardkey::{BUCKET_LABEL, bucket_label, bucket_of};
 use crate::resource::{
     FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MyResource, MyResourceStatus, PodCounts,
 };
@@ -106,7 +107,11 @@ impl Error {
 
 /// The ConfigMap a MyResource should have.
 pub fn desired_configmap(mr: &MyResource) -> ConfigMap {
-    let labels = BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
+    let mut labels = BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
+    // Its owner's shard bucket: scale-out replicas watch only their shards' ConfigMaps.
+    if let Some(uid) = mr.uid() {
+        labels.insert(BUCKET_LABEL.into(), bucket_label(bucket_of(&uid)));
+    }
     ConfigMap {
         metadata: ObjectMeta {
             name: Some(mr.name_any()),
@@ -200,7 +205,10 @@ pub fn classify(
             ));
         }
     }
-    let labelled = cm.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY);
+    let labelled = desired
+        .labels()
+        .iter()
+        .all(|(k, v)| cm.labels().get(k) == Some(v));
     let empty = BTreeMap::new();
     let (have, want) = (
         cm.data.as_ref().unwrap_or(&empty),

@@ -74,6 +74,12 @@ impl Shard {
         }
     }
 
+    /// Keys ready or delayed, plus keys in processing.
+    pub fn pending(&self) -> usize {
+        let q = self.queue();
+        q.depth() + q.delayed() + q.in_flight()
+    }
+
     /// Ends the processing of `key` and wakes a worker if the key is ready again.
     pub fn done(&self, key: &ObjectKey, outcome: Outcome) -> Option<std::time::Duration> {
         let mut queue = self.queue();
@@ -121,32 +127,25 @@ impl Shards {
         self.shards.is_empty()
     }
 
-    /// The shard that owns `key`.
+    /// The shard that owns `key` by name.
     pub fn shard(&self, key: &ObjectKey) -> &Shard {
         &self.shards[shard_of(key, self.shards.len())]
     }
 
-    /// Queues `key` on its shard; false when it was already queued (or marked dirty).
+    /// Shard `index`.
+    pub fn get(&self, index: usize) -> &Shard {
+        &self.shards[index]
+    }
+
+    /// Queues `key` on its shard by name; false when it was already queued (or marked
+    /// dirty).
     pub fn add(&self, key: ObjectKey) -> bool {
         self.shard(&key).add(key)
     }
 
-    /// Drops every waiting key (leadership lost: the next leader starts from its own cache).
-    pub fn clear(&self) {
-        for shard in &self.shards {
-            shard.queue().clear();
-        }
-    }
-
-    /// Keys ready or delayed over all shards, plus keys in processing.
-    pub fn pending(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let q = s.queue();
-                q.depth() + q.delayed() + q.in_flight()
-            })
-            .sum()
+    /// Queues `key` on shard `index`; false when it was already queued (or marked dirty).
+    pub fn add_to(&self, index: usize, key: ObjectKey) -> bool {
+        self.shards[index].add(key)
     }
 
     /// Per shard: ready keys, seconds of unfinished work, longest running seconds.

@@ -33,7 +33,8 @@ use reflect::{StoreMirror, SyncGate, reflect};
 use retry::retried;
 pub use store::NamespacedStore;
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -42,10 +43,13 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
 
 use crate::key::ObjectKey;
-use crate::kubeclient::Reachability;
+use crate::kubeclient::{self, Reachability};
 use crate::resource::{MANAGED_BY, MANAGED_BY_LABEL, MyResource, POD_LABEL};
+use crate::shardkey::ShardKey;
 
 /// Why a key was reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +95,39 @@ pub trait Sink: Send + Sync + 'static {
     fn changed(&self, change: Change);
 }
 
+/// What one watch covers: a namespace (or all of them) and, in scale-out mode, one shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    pub namespace: Option<String>,
+    pub shard: Option<ShardScope>,
+}
+
+/// One shard of a scale-out replica's caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardScope {
+    pub index: usize,
+    pub key: ShardKey,
+    /// Whether the API server filters MyResources by `shardSelector`; otherwise this
+    /// replica lists all of them and keeps the shard's (ConfigMaps are always filtered on
+    /// the server, by their bucket label).
+    pub server_side: bool,
+}
+
+/// A shard's watch tasks, and whether their first lists have completed.
+type ShardWatches = (Vec<JoinHandle<()>>, watch::Receiver<bool>);
+
+/// How to start more watches: for the shards of a scale-out replica.
+struct Wiring {
+    client: Client,
+    namespaces: Vec<Option<String>>,
+    sink: Arc<dyn Sink>,
+    reachability: Reachability,
+    /// The shards watched, each with its watches' tasks and whether it has listed.
+    shards: Mutex<BTreeMap<usize, ShardWatches>>,
+    /// Moves whenever a shard's first list completes.
+    warmed: watch::Sender<u64>,
+}
+
 /// The caches of one replica.
 #[derive(Clone)]
 pub struct Caches {
@@ -98,15 +135,17 @@ pub struct Caches {
     pub configmaps: NamespacedStore<ConfigMap>,
     pub pods: PodIndex,
     synced: watch::Receiver<bool>,
+    wiring: Arc<Wiring>,
 }
 
 impl Caches {
-    /// Whether every initial list has completed.
+    /// Whether every initial list of the replica-wide watches has completed (all watches;
+    /// in scale-out mode the Pod index, see [`start_sharded`]).
     pub fn synced(&self) -> bool {
         *self.synced.borrow()
     }
 
-    /// Waits until every initial list has completed.
+    /// Waits until [`Caches::synced`].
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.clone();
         let _ = rx.wait_for(|s| *s).await;
@@ -121,6 +160,16 @@ impl Caches {
             .collect()
     }
 
+    /// Every MyResource key cached for shard `index`.
+    pub fn shard_keys(&self, index: usize) -> Vec<ObjectKey> {
+        let in_shard = |scope: &Scope| scope.shard.is_some_and(|s| s.index == index);
+        self.myresources
+            .state_of(in_shard)
+            .iter()
+            .map(|o| ObjectKey::of(o))
+            .collect()
+    }
+
     /// Objects cached, by kind.
     pub fn counts(&self) -> Vec<(&'static str, usize)> {
         vec![
@@ -129,6 +178,173 @@ impl Caches {
             ("Pod", self.pods.len()),
         ]
     }
+
+    /// Watches exactly the shards `wanted` (scale-out mode): starts the missing ones,
+    /// stops and forgets the others.
+    pub fn watch_shards(&self, wanted: &BTreeSet<usize>, key: ShardKey, server_side: bool) {
+        let w = &self.wiring;
+        let mut shards = w.shards.lock().expect("shard watches lock");
+        let gone: Vec<usize> = shards
+            .keys()
+            .filter(|i| !wanted.contains(i))
+            .copied()
+            .collect();
+        for index in gone {
+            let (tasks, _) = shards.remove(&index).expect("listed");
+            for task in tasks {
+                task.abort();
+            }
+            let in_shard = |scope: &Scope| scope.shard.is_some_and(|s| s.index == index);
+            self.myresources.remove(in_shard);
+            self.configmaps.remove(in_shard);
+            info!(shard = index, "stopped caching the shard");
+        }
+        for &index in wanted {
+            if shards.contains_key(&index) {
+                continue;
+            }
+            let shard = ShardScope {
+                index,
+                key,
+                server_side,
+            };
+            let scopes: Vec<Scope> = w
+                .namespaces
+                .iter()
+                .map(|namespace| Scope {
+                    namespace: namespace.clone(),
+                    shard: Some(shard),
+                })
+                .collect();
+            let (gate, mut synced) = SyncGate::new(2 * scopes.len());
+            let mut tasks = Vec::new();
+            for scope in scopes {
+                tasks.push(self.watch_myresources(scope.clone(), &gate));
+                tasks.push(self.watch_configmaps(scope, &gate));
+            }
+            let warmed = w.warmed.clone();
+            let rx = synced.clone();
+            tasks.push(tokio::spawn(async move {
+                if synced.wait_for(|s| *s).await.is_ok() {
+                    info!(shard = index, "shard cache synced");
+                    warmed.send_modify(|n| *n += 1);
+                }
+            }));
+            info!(shard = index, server_side, "caching the shard");
+            shards.insert(index, (tasks, rx));
+        }
+    }
+
+    /// The shards whose caches have completed their first list.
+    pub fn warm_shards(&self) -> BTreeSet<usize> {
+        let shards = self.wiring.shards.lock().expect("shard watches lock");
+        shards
+            .iter()
+            .filter(|(_, (_, synced))| *synced.borrow())
+            .map(|(i, _)| *i)
+            .collect()
+    }
+
+    /// Moves whenever a shard's cache completes its first list.
+    pub fn subscribe_warmed(&self) -> watch::Receiver<u64> {
+        self.wiring.warmed.subscribe()
+    }
+
+    fn watch_myresources(&self, scope: Scope, gate: &SyncGate) -> JoinHandle<()> {
+        let w = &self.wiring;
+        let (store, writer) = reflector::store::<MyResource>();
+        let shard = scope.shard;
+        let client = match shard {
+            Some(s) if s.server_side => {
+                kubeclient::with_query(&w.client, "shardSelector", &s.key.selector(s.index))
+            }
+            _ => w.client.clone(),
+        };
+        let events = watch::<MyResource>(
+            &client,
+            scope.namespace.as_deref(),
+            watcher::Config::default(),
+            &w.reachability,
+        )
+        .filter_map(move |e| {
+            // Without the server's filter, keep only the shard's objects.
+            let event = match shard {
+                Some(s) if !s.server_side => only_shard(e, s),
+                _ => Some(e),
+            };
+            std::future::ready(event.map(|e| e.modify(strip_managed_fields)))
+        });
+        let mirror = StoreMirror::new(writer, |mr| Some(ObjectKey::of(mr)));
+        self.myresources.add(scope, store);
+        let (sink, gate) = (w.sink.clone(), gate.clone());
+        tokio::spawn(reflect(events, mirror, Trigger::MyResource, sink, gate))
+    }
+
+    fn watch_configmaps(&self, scope: Scope, gate: &SyncGate) -> JoinHandle<()> {
+        let w = &self.wiring;
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+        if let Some(s) = scope.shard {
+            selector = format!("{selector},{}", s.key.bucket_selector(s.index));
+        }
+        let config = watcher::Config::default().labels(&selector);
+        let events = watch::<ConfigMap>(
+            &w.client,
+            scope.namespace.as_deref(),
+            config,
+            &w.reachability,
+        )
+        .map(|e| e.modify(strip_managed_fields));
+        let mirror = StoreMirror::new(writer, controller_key);
+        self.configmaps.add(scope, store);
+        let (sink, gate) = (w.sink.clone(), gate.clone());
+        tokio::spawn(reflect(events, mirror, Trigger::ConfigMap, sink, gate))
+    }
+
+    fn watch_pods(&self, namespace: Option<String>, gate: &SyncGate) -> JoinHandle<()> {
+        let w = &self.wiring;
+        let config = watcher::Config::default().labels(POD_LABEL);
+        let events = watch::<Pod>(&w.client, namespace.as_deref(), config, &w.reachability);
+        let mirror = PodMirror::new(namespace, self.pods.clone());
+        let (sink, gate) = (w.sink.clone(), gate.clone());
+        tokio::spawn(reflect(events, mirror, Trigger::Pod, sink, gate))
+    }
+}
+
+/// A MyResource event with only the objects of shard `s` (a re-list's markers pass).
+fn only_shard(event: Event<MyResource>, s: ShardScope) -> Option<Event<MyResource>> {
+    let ours = |mr: &MyResource| {
+        mr.uid()
+            .is_some_and(|uid| s.key.shard_of_uid(&uid) == s.index)
+    };
+    match &event {
+        Event::Apply(mr) | Event::Delete(mr) | Event::InitApply(mr) if !ours(mr) => None,
+        _ => Some(event),
+    }
+}
+
+fn scopes_of(namespaces: &[String]) -> Vec<Option<String>> {
+    if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().cloned().map(Some).collect()
+    }
+}
+
+fn wiring(
+    client: Client,
+    namespaces: &[String],
+    sink: Arc<dyn Sink>,
+    reachability: &Reachability,
+) -> Arc<Wiring> {
+    Arc::new(Wiring {
+        client,
+        namespaces: scopes_of(namespaces),
+        sink,
+        reachability: reachability.clone(),
+        shards: Mutex::default(),
+        warmed: watch::channel(0).0,
+    })
 }
 
 /// Starts the watchers (per resource and watched namespace; all namespaces when
@@ -139,58 +355,49 @@ pub fn start(
     sink: Arc<dyn Sink>,
     reachability: &Reachability,
 ) -> Caches {
-    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().cloned().map(Some).collect()
-    };
-    let (gate, synced) = SyncGate::new(3 * scopes.len());
-    let cm_selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
-    let pods = PodIndex::default();
-    let mut myresources = Vec::new();
-    let mut configmaps = Vec::new();
-    for scope in scopes {
-        let (store, writer) = reflector::store::<MyResource>();
-        let events = watch::<MyResource>(
-            &client,
-            scope.as_deref(),
-            watcher::Config::default(),
-            reachability,
-        )
-        .map(|e| e.modify(strip_managed_fields));
-        let mirror = StoreMirror::new(writer, |mr| Some(ObjectKey::of(mr)));
-        let trigger = Trigger::MyResource;
-        tokio::spawn(reflect(events, mirror, trigger, sink.clone(), gate.clone()));
-        myresources.push((scope.clone(), store));
-
-        let (store, writer) = reflector::store::<ConfigMap>();
-        let config = watcher::Config::default().labels(&cm_selector);
-        let events = watch::<ConfigMap>(&client, scope.as_deref(), config, reachability)
-            .map(|e| e.modify(strip_managed_fields));
-        let mirror = StoreMirror::new(writer, controller_key);
-        let trigger = Trigger::ConfigMap;
-        tokio::spawn(reflect(events, mirror, trigger, sink.clone(), gate.clone()));
-        configmaps.push((scope.clone(), store));
-
-        let config = watcher::Config::default().labels(POD_LABEL);
-        let events = watch::<Pod>(&client, scope.as_deref(), config, reachability);
-        let mirror = PodMirror::new(scope, pods.clone());
-        tokio::spawn(reflect(
-            events,
-            mirror,
-            Trigger::Pod,
-            sink.clone(),
-            gate.clone(),
-        ));
-    }
-    Caches {
-        myresources: NamespacedStore {
-            stores: myresources,
-        },
-        configmaps: NamespacedStore { stores: configmaps },
-        pods,
+    let wiring = wiring(client, namespaces, sink, reachability);
+    let (gate, synced) = SyncGate::new(3 * wiring.namespaces.len());
+    let caches = Caches {
+        myresources: NamespacedStore::default(),
+        configmaps: NamespacedStore::default(),
+        pods: PodIndex::default(),
         synced,
+        wiring: wiring.clone(),
+    };
+    for namespace in &wiring.namespaces {
+        let scope = Scope {
+            namespace: namespace.clone(),
+            shard: None,
+        };
+        caches.watch_myresources(scope.clone(), &gate);
+        caches.watch_configmaps(scope, &gate);
+        caches.watch_pods(namespace.clone(), &gate);
     }
+    caches
+}
+
+/// Scale-out mode: starts only the slim Pod index (labelled Pods are not ours to label,
+/// so the server cannot shard them); MyResources and ConfigMaps are watched per shard, as
+/// [`Caches::watch_shards`] says. [`Caches::synced`] is the Pod index's first list.
+pub fn start_sharded(
+    client: Client,
+    namespaces: &[String],
+    sink: Arc<dyn Sink>,
+    reachability: &Reachability,
+) -> Caches {
+    let wiring = wiring(client, namespaces, sink, reachability);
+    let (gate, synced) = SyncGate::new(wiring.namespaces.len());
+    let caches = Caches {
+        myresources: NamespacedStore::default(),
+        configmaps: NamespacedStore::default(),
+        pods: PodIndex::default(),
+        synced,
+        wiring: wiring.clone(),
+    };
+    for namespace in &wiring.namespaces {
+        caches.watch_pods(namespace.clone(), &gate);
+    }
+    caches
 }
 
 /// managedFields are often the largest part of an object and the operator never reads them.

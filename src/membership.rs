@@ -1,0 +1,446 @@
+//! Scale-out mode's view of the shard group: who is a live member, who holds which shard
+//! Lease, whose caches are warm for which shards; and from that view, the plan
+//! ([`assignment`]), the shards this replica caches, and what its shard elections may do.
+//!
+//! Each replica holds a *member Lease* (`<lease>-member-<identity>`) that it renews every
+//! retry period and that names the shards its cache has listed (annotation
+//! [`WARM_ANNOTATION`]). All Leases of the group (members and shards, label
+//! [`GROUP_LABEL`]) are read from one watch.
+//!
+//! Invariants:
+//! - a member is live while its record keeps changing: judged, like a shard Lease, on this
+//!   replica's monotonic clock from when the record last changed, against the longer of our
+//!   lease duration and the record's (no remote clock is compared with ours);
+//! - a member leaving gracefully deletes its member Lease *before* its shards are released,
+//!   so the others plan without it by the time the releases arrive and take them at once;
+//! - this replica caches every shard the plan gives it to lead or stand by for, and every
+//!   shard it still holds; it stops caching a shard only when neither is true any more;
+//! - the plan only steers: each shard's safety is its own Lease and fence.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::assignment::{self, Intent, View};
+use crate::cache::Caches;
+use crate::cache::retry::retried;
+use crate::election::Timings;
+use crate::kubeclient::Reachability;
+use crate::leadership::Leadership;
+use crate::metrics::Metrics;
+use crate::shardkey::ShardKey;
+use crate::throttle::{Throttle, Verdict};
+
+/// The label every Lease of a shard group carries: the group's (base Lease's) name.
+pub const GROUP_LABEL: &str = "trstringer.com/lease-group";
+/// On a member Lease: the shards whose caches have listed, comma-separated.
+pub const WARM_ANNOTATION: &str = "trstringer.com/warm-shards";
+
+/// The Lease of shard `index` of group `group`.
+pub fn shard_lease(group: &str, index: usize) -> String {
+    format!("{group}-{index}")
+}
+
+/// The member Lease of `identity` in group `group` (the identity reduced to a DNS
+/// subdomain; the Lease's holder names it exactly).
+pub fn member_lease(group: &str, identity: &str) -> String {
+    let name: String = identity
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = format!("{group}-member-{}", name.trim_matches(['-', '.']));
+    name.chars().take(253).collect()
+}
+
+/// The labels of every Lease of group `group`.
+pub fn group_labels(group: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(GROUP_LABEL.to_string(), group.to_string())])
+}
+
+fn format_shards(shards: &BTreeSet<usize>) -> String {
+    shards
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn parse_shards(text: &str) -> BTreeSet<usize> {
+    text.split(',').filter_map(|s| s.trim().parse().ok()).collect()
+}
+
+/// A Lease of the group as this replica saw it, and since when its record is unchanged.
+struct Seen {
+    spec: LeaseSpec,
+    warm: BTreeSet<usize>,
+    since: Instant,
+}
+
+/// The group's Leases, by name, as the watch shows them.
+#[derive(Default)]
+pub struct Group {
+    leases: BTreeMap<String, Seen>,
+}
+
+impl Group {
+    /// Records a Lease; its liveness clock restarts only when its record changed.
+    pub fn observe(&mut self, lease: &Lease, now: Instant) {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let warm = lease
+            .annotations()
+            .get(WARM_ANNOTATION)
+            .map(|w| parse_shards(w))
+            .unwrap_or_default();
+        let name = lease.name_any();
+        match self.leases.get_mut(&name) {
+            Some(seen) if seen.spec == spec => seen.warm = warm,
+            _ => {
+                self.leases.insert(
+                    name,
+                    Seen {
+                        spec,
+                        warm,
+                        since: now,
+                    },
+                );
+            }
+        }
+    }
+
+    pub fn forget(&mut self, name: &str) {
+        self.leases.remove(name);
+    }
+
+    /// The view at `now`: members whose Lease changed within the lease duration (plus
+    /// `me`, when joined), the shard holders among them, and who is warm for what.
+    pub fn view(
+        &self,
+        group: &str,
+        shards: usize,
+        me: Option<&str>,
+        lease_duration: Duration,
+        now: Instant,
+    ) -> (View, BTreeMap<String, BTreeSet<usize>>) {
+        let prefix = format!("{group}-member-");
+        let mut members = BTreeSet::new();
+        let mut warm = BTreeMap::new();
+        for (name, seen) in &self.leases {
+            let Some(holder) = seen.spec.holder_identity.as_deref().filter(|h| !h.is_empty())
+            else {
+                continue;
+            };
+            let duration = seen
+                .spec
+                .lease_duration_seconds
+                .map_or(Duration::ZERO, |s| Duration::from_secs(s.max(0) as u64))
+                .max(lease_duration);
+            if name.starts_with(&prefix) && now < seen.since + duration {
+                members.insert(holder.to_string());
+                warm.insert(holder.to_string(), seen.warm.clone());
+            }
+        }
+        if let Some(me) = me {
+            members.insert(me.to_string());
+        }
+        let holders = (0..shards)
+            .map(|i| {
+                self.leases
+                    .get(&shard_lease(group, i))
+                    .and_then(|seen| seen.spec.holder_identity.clone())
+                    .filter(|h| members.contains(h))
+            })
+            .collect();
+        (View { members, holders }, warm)
+    }
+
+    /// When the next member would expire, if any.
+    fn next_expiry(&self, group: &str, lease_duration: Duration) -> Option<Instant> {
+        let prefix = format!("{group}-member-");
+        self.leases
+            .iter()
+            .filter(|(name, _)| name.starts_with(&prefix))
+            .map(|(_, seen)| seen.since + lease_duration)
+            .min()
+    }
+}
+
+/// What a scale-out replica's membership needs.
+pub struct Membership {
+    pub api: Api<Lease>,
+    pub identity: String,
+    /// The group's (base Lease's) name.
+    pub group: String,
+    pub key: ShardKey,
+    pub standbys: usize,
+    pub timings: Timings,
+    /// Whether the API server filters MyResources by shard.
+    pub server_side: bool,
+    pub caches: Caches,
+    /// One per shard, in order: whether this replica leads it.
+    pub leaderships: Vec<Leadership>,
+    pub intent: watch::Sender<Intent>,
+    pub reachability: Reachability,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Membership {
+    /// Renews this replica's member Lease and keeps the plan, the cached shards and the
+    /// intent current, until `stop` fires; then deletes the member Lease (leaving the
+    /// group) and returns.
+    pub async fn run(self, stop: CancellationToken) {
+        let name = member_lease(&self.group, &self.identity);
+        let config = watcher::Config::default().labels(&format!("{GROUP_LABEL}={}", self.group));
+        let events = retried(
+            watcher::watcher(self.api.clone(), config),
+            self.reachability.subscribe(),
+            "Lease".into(),
+        );
+        let mut events = std::pin::pin!(events);
+        let mut warmed = self.caches.subscribe_warmed();
+        let mut roles: Vec<_> = self.leaderships.iter().map(Leadership::subscribe).collect();
+        let mut group = Group::default();
+        let mut listing: Option<Group> = None;
+        let mut written: Option<Lease> = None;
+        let mut renew_at = Instant::now();
+        let mut failures = Throttle::new(Duration::from_secs(30));
+        let retry = self.timings.retry_period;
+        loop {
+            let now = Instant::now();
+            let warm_mine = self.caches.warm_shards();
+            let stale = written.as_ref().is_none_or(|w| {
+                w.annotations().get(WARM_ANNOTATION) != Some(&format_shards(&warm_mine))
+            });
+            if now >= renew_at || (stale && written.is_some()) {
+                match self.renew(&name, written.as_ref(), &warm_mine).await {
+                    Ok(lease) => {
+                        if let Some(run) = failures.succeeded() {
+                            info!(failures = run, "member Lease renewals succeed again");
+                        }
+                        group.observe(&lease, Instant::now());
+                        written = Some(lease);
+                        renew_at = Instant::now() + retry;
+                    }
+                    Err(err) => {
+                        if let Verdict::Log { suppressed } = failures.failed(Instant::now()) {
+                            warn!(error = %err, suppressed, "renewing the member Lease failed; retrying every retry period");
+                        }
+                        // Read it again before the next attempt.
+                        written = None;
+                        renew_at = Instant::now() + retry;
+                    }
+                }
+            }
+            self.replan(&group, written.is_some());
+            let wake = group
+                .next_expiry(&self.group, self.timings.lease_duration)
+                .filter(|t| *t > Instant::now())
+                .map_or(renew_at, |t| t.min(renew_at));
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep_until(wake.into()) => {}
+                _ = warmed.changed() => {}
+                _ = futures::future::select_all(roles.iter_mut().map(|r| Box::pin(r.changed()))) => {}
+                event = events.next() => match event {
+                    Some(Event::Apply(lease)) => group.observe(&lease, Instant::now()),
+                    Some(Event::Delete(lease)) => group.forget(&lease.name_any()),
+                    Some(Event::Init) => listing = Some(Group::default()),
+                    Some(Event::InitApply(lease)) => {
+                        if let Some(fresh) = listing.as_mut() {
+                            fresh.observe(&lease, Instant::now());
+                        }
+                    }
+                    Some(Event::InitDone) => {
+                        // Keep the liveness clocks of records that did not change.
+                        let mut fresh = listing.take().unwrap_or_default();
+                        for (name, seen) in fresh.leases.iter_mut() {
+                            if let Some(old) = group.leases.get(name).filter(|o| o.spec == seen.spec) {
+                                seen.since = old.since;
+                            }
+                        }
+                        group = fresh;
+                    }
+                    None => break,
+                },
+            }
+        }
+        self.leave(&name).await;
+    }
+
+    /// Recomputes the plan: caches what it says, tells the shard elections what they may do.
+    fn replan(&self, group: &Group, joined: bool) {
+        let me = joined.then_some(self.identity.as_str());
+        let (view, mut warm) = group.view(
+            &self.group,
+            self.key.shards(),
+            me,
+            self.timings.lease_duration,
+            Instant::now(),
+        );
+        let plan = assignment::plan(&view, self.standbys);
+        let held: BTreeSet<usize> = self
+            .leaderships
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_leading())
+            .map(|(i, _)| i)
+            .collect();
+        let mut cached = plan.cached_by(&self.identity);
+        cached.extend(&held);
+        self.caches
+            .watch_shards(&cached, self.key, self.server_side);
+        warm.insert(self.identity.clone(), self.caches.warm_shards());
+        let intent = assignment::intent(&plan, &self.identity, &warm, &held);
+        self.metrics.shards(held.len(), cached.len(), view.members.len());
+        self.intent.send_if_modified(|current| {
+            if *current == intent {
+                return false;
+            }
+            info!(
+                lead = %format_shards(&intent.lead),
+                hand_off = %format_shards(&intent.hand_off),
+                members = view.members.len(),
+                "shard plan changed"
+            );
+            *current = intent;
+            true
+        });
+    }
+
+    /// Creates or renews the member Lease, naming the warm shards.
+    async fn renew(
+        &self,
+        name: &str,
+        written: Option<&Lease>,
+        warm: &BTreeSet<usize>,
+    ) -> Result<Lease, String> {
+        let timeout = self.timings.retry_period;
+        let now = MicroTime(Timestamp::now());
+        let current = match written {
+            Some(lease) => Some(lease.clone()),
+            None => tokio::time::timeout(timeout, self.api.get_opt(name))
+                .await
+                .map_err(|_| "reading the member Lease timed out".to_string())?
+                .map_err(|e| format!("reading the member Lease: {e}"))?,
+        };
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(group_labels(&self.group)),
+                annotations: Some(BTreeMap::from([(
+                    WARM_ANNOTATION.to_string(),
+                    format_shards(warm),
+                )])),
+                resource_version: current.as_ref().and_then(|l| l.resource_version()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.identity.clone()),
+                lease_duration_seconds: Some(self.timings.lease_duration.as_secs() as i32),
+                renew_time: Some(now),
+                ..Default::default()
+            }),
+        };
+        let params = PostParams::default();
+        let request = async {
+            match current {
+                Some(_) => self.api.replace(name, &params, &lease).await,
+                None => self.api.create(&params, &lease).await,
+            }
+        };
+        tokio::time::timeout(timeout, request)
+            .await
+            .map_err(|_| "writing the member Lease timed out".to_string())?
+            .map_err(|e| format!("writing the member Lease: {e}"))
+    }
+
+    /// Deletes the member Lease, so the others plan without this replica at once.
+    async fn leave(&self, name: &str) {
+        let params = DeleteParams::default();
+        let request = self.api.delete(name, &params);
+        match tokio::time::timeout(self.timings.retry_period, request).await {
+            Ok(Ok(_)) => info!("left the shard group"),
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {}
+            Ok(Err(err)) => warn!(error = %err, "deleting the member Lease failed; the others see it expire"),
+            Err(_) => warn!("deleting the member Lease timed out; the others see it expire"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(name: &str, holder: &str, renew: &str, warm: &str) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some(name.into());
+        lease.metadata.annotations =
+            Some(BTreeMap::from([(WARM_ANNOTATION.into(), warm.into())]));
+        lease.spec = Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(4),
+            renew_time: Some(MicroTime(renew.parse().unwrap())),
+            ..Default::default()
+        });
+        lease
+    }
+
+    #[test]
+    fn member_lease_names_are_dns_subdomains() {
+        assert_eq!(member_lease("op", "Pod_1"), "op-member-pod-1");
+        assert_eq!(member_lease("op", "a.b-c"), "op-member-a.b-c");
+        assert_eq!(shard_lease("op", 3), "op-3");
+        assert_eq!(parse_shards("0,3, 5,x"), BTreeSet::from([0, 3, 5]));
+        assert_eq!(format_shards(&BTreeSet::from([1, 2])), "1,2");
+    }
+
+    #[test]
+    fn members_live_while_their_records_change_and_holders_must_be_members() {
+        let t = Instant::now();
+        let second = Duration::from_secs(1);
+        let mut group = Group::default();
+        group.observe(&lease("op-member-a", "a", "2026-01-01T00:00:00Z", "0,1"), t);
+        group.observe(&lease("op-member-b", "b", "2026-01-01T00:00:00Z", ""), t);
+        group.observe(&lease("op-0", "a", "2026-01-01T00:00:00Z", ""), t);
+        group.observe(&lease("op-1", "b", "2026-01-01T00:00:00Z", ""), t);
+        // a renews; b does not.
+        group.observe(
+            &lease("op-member-a", "a", "2026-01-01T00:00:03Z", "0,1"),
+            t + 3 * second,
+        );
+        let (view, warm) = group.view("op", 2, Some("me"), 4 * second, t + 2 * second);
+        assert_eq!(
+            view.members,
+            BTreeSet::from(["a".into(), "b".into(), "me".into()])
+        );
+        assert_eq!(warm["a"], BTreeSet::from([0, 1]));
+        let (view, _) = group.view("op", 2, None, 4 * second, t + 5 * second);
+        assert_eq!(view.members, BTreeSet::from(["a".into()]));
+        assert_eq!(view.holders, [Some("a".into()), None], "b expired");
+        // A metadata-only change (the warm shards) does not restart the clock.
+        group.observe(
+            &lease("op-member-a", "a", "2026-01-01T00:00:03Z", "0"),
+            t + 6 * second,
+        );
+        let (view, warm) = group.view("op", 2, None, 4 * second, t + 7 * second + second);
+        assert!(view.members.is_empty(), "{view:?}");
+        assert!(warm.is_empty());
+    }
+}
