@@ -75,7 +75,8 @@ pub fn intent(
     warm: &BTreeMap<String, BTreeSet<usize>>,
     held: &BTreeSet<usize>,
 ) -> Intent {
-    let warm_for = |member: &str, shard: usize| warm.get(member).is_some_and(|w| w.contains(&shard));
+    let warm_for =
+        |member: &str, shard: usize| warm.get(member).is_some_and(|w| w.contains(&shard));
     Intent {
         lead: plan
             .led_by(me)
@@ -234,8 +235,15 @@ mod tests {
             .filter(|i| plan.leaders[*i].as_deref() != holders[*i])
             .collect();
         assert_eq!(moved.len(), 4, "{plan:?}");
-        assert!(moved.iter().all(|i| plan.leaders[*i].as_deref() == Some("c")));
-        assert_eq!(counts(&plan).values().copied().collect::<Vec<_>>(), [4, 4, 4]);
+        assert!(
+            moved
+                .iter()
+                .all(|i| plan.leaders[*i].as_deref() == Some("c"))
+        );
+        assert_eq!(
+            counts(&plan).values().copied().collect::<Vec<_>>(),
+            [4, 4, 4]
+        );
     }
 
     #[test]
@@ -267,11 +275,15 @@ mod tests {
             for shard in 0..12 {
                 if before.leaders[shard].as_deref() == Some(dead) {
                     assert_eq!(
-                        after.leaders[shard], before.standbys[shard][0].clone().into(),
+                        after.leaders[shard],
+                        before.standbys[shard][0].clone().into(),
                         "shard {shard} of {dead} did not go to its standby"
                     );
                 } else {
-                    assert_eq!(after.leaders[shard], before.leaders[shard], "a live holder's shard moved");
+                    assert_eq!(
+                        after.leaders[shard], before.leaders[shard],
+                        "a live holder's shard moved"
+                    );
                 }
             }
             assert!(counts(&after).values().all(|c| *c == 4), "{after:?}");
@@ -290,7 +302,10 @@ mod tests {
 
     #[test]
     fn a_replica_leads_only_warm_shards_and_hands_off_only_to_warm_replicas() {
-        let plan = plan(&view(&["a", "b"], &[Some("a"), Some("a"), Some("a"), None]), 1);
+        let plan = plan(
+            &view(&["a", "b"], &[Some("a"), Some("a"), Some("a"), None]),
+            1,
+        );
         // a keeps two of its three; b gets the third and the free one.
         let given: Vec<usize> = plan.led_by("b").into_iter().collect();
         assert_eq!(given.len(), 2);

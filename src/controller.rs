@@ -249,9 +249,8 @@ struct Takeover<'a> {
 
 impl Takeover<'_> {
     fn observe(&self, shards: &[&Shard], metrics: &Metrics) {
-        let gauge = |phase| {
-            metrics.takeover(self.lease, phase, self.acquired.elapsed().as_secs_f64())
-        };
+        let gauge =
+            |phase| metrics.takeover(self.lease, phase, self.acquired.elapsed().as_secs_f64());
         if !self.first_done.swap(true, Ordering::SeqCst) {
             gauge("first_reconcile");
         }

@@ -63,12 +63,12 @@ use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
+use crate::assignment::Intent;
 use crate::crash::{self, Exit};
 use crate::leadership::{Leadership, Transition};
 use crate::metrics::Metrics;
 use crate::pod::PodInfo;
 use crate::replicas::{Pods, Replicas};
-use crate::assignment::Intent;
 use crate::succession;
 use crate::throttle::{Throttle, Verdict};
 
@@ -726,7 +726,10 @@ impl Driver {
             .await
             .is_err()
         {
-            warn!(?limit, "the shard's workers did not stop in time; releasing anyway");
+            warn!(
+                ?limit,
+                "the shard's workers did not stop in time; releasing anyway"
+            );
         }
         self.release().await;
     }

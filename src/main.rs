@@ -207,6 +207,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
                 ScaleOut {
                     key,
                     standbys: args.shard_standbys.into(),
+                    namespaces: args.namespaces.to_vec(),
                     identity: identity.clone(),
                     group: args.lease_name.clone(),
                     lease_namespace,

@@ -84,7 +84,9 @@ fn format_shards(shards: &BTreeSet<usize>) -> String {
 }
 
 fn parse_shards(text: &str) -> BTreeSet<usize> {
-    text.split(',').filter_map(|s| s.trim().parse().ok()).collect()
+    text.split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
 }
 
 /// A Lease of the group as this replica saw it, and since when its record is unchanged.
@@ -143,7 +145,11 @@ impl Group {
         let mut members = BTreeSet::new();
         let mut warm = BTreeMap::new();
         for (name, seen) in &self.leases {
-            let Some(holder) = seen.spec.holder_identity.as_deref().filter(|h| !h.is_empty())
+            let Some(holder) = seen
+                .spec
+                .holder_identity
+                .as_deref()
+                .filter(|h| !h.is_empty())
             else {
                 continue;
             };
@@ -308,7 +314,8 @@ impl Membership {
             .watch_shards(&cached, self.key, self.server_side);
         warm.insert(self.identity.clone(), self.caches.warm_shards());
         let intent = assignment::intent(&plan, &self.identity, &warm, &held);
-        self.metrics.shards(held.len(), cached.len(), view.members.len());
+        self.metrics
+            .shards(held.len(), cached.len(), view.members.len());
         self.intent.send_if_modified(|current| {
             if *current == intent {
                 return false;
@@ -378,7 +385,9 @@ impl Membership {
         match tokio::time::timeout(self.timings.retry_period, request).await {
             Ok(Ok(_)) => info!("left the shard group"),
             Ok(Err(kube::Error::Api(status))) if status.code == 404 => {}
-            Ok(Err(err)) => warn!(error = %err, "deleting the member Lease failed; the others see it expire"),
+            Ok(Err(err)) => {
+                warn!(error = %err, "deleting the member Lease failed; the others see it expire")
+            }
             Err(_) => warn!("deleting the member Lease timed out; the others see it expire"),
         }
     }
@@ -391,8 +400,7 @@ mod tests {
     fn lease(name: &str, holder: &str, renew: &str, warm: &str) -> Lease {
         let mut lease = Lease::default();
         lease.metadata.name = Some(name.into());
-        lease.metadata.annotations =
-            Some(BTreeMap::from([(WARM_ANNOTATION.into(), warm.into())]));
+        lease.metadata.annotations = Some(BTreeMap::from([(WARM_ANNOTATION.into(), warm.into())]));
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(holder.into()),
             lease_duration_seconds: Some(4),

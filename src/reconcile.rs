@@ -34,10 +34,10 @@ use crate::events::{EventType, Publisher};
 use crate::fence::{Fence, NotLeader};
 use crate::key::ObjectKey;
 use crate::queue::Outcome;
-use crate::shardkey::{BUCKET_LABEL, bucket_label, bucket_of};
 use crate::resource::{
     FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MyResource, MyResourceStatus, PodCounts,
 };
+use crate::shardkey::{BUCKET_LABEL, bucket_label, bucket_of};
 
 /// Everything a reconcile needs; shared by all workers.
 pub struct Context {

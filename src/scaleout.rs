@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -33,13 +34,14 @@ use crate::metrics::Metrics;
 use crate::pod::PodInfo;
 use crate::reconcile::Context;
 use crate::replicas::Replicas;
-use crate::resource::MyResource;
 use crate::shardkey::ShardKey;
 
 /// Everything a scale-out replica runs with.
 pub struct ScaleOut {
     pub key: ShardKey,
     pub standbys: usize,
+    /// The watched namespaces (empty: all).
+    pub namespaces: Vec<String>,
     pub identity: String,
     /// The group's name: the base Lease name.
     pub group: String,
@@ -56,11 +58,18 @@ pub struct ScaleOut {
     pub grace: std::time::Duration,
 }
 
-/// Whether the API server filters MyResources by `shardSelector`; says which way this
-/// replica filters, in its log and metrics.
-async fn probe(client: &kube::Client, key: ShardKey, metrics: &Metrics) -> bool {
+/// Whether the API server filters lists and watches by `shardSelector`; says which way
+/// this replica filters, in its log and metrics. Asked of ConfigMaps in a watched
+/// namespace: the feature gate is server-wide, and kube-apiserver 1.37 filters custom
+/// resources by it but echoes `shardInfo` only on built-in lists.
+async fn probe(
+    client: &kube::Client,
+    namespaces: &[String],
+    key: ShardKey,
+    metrics: &Metrics,
+) -> bool {
     use kube::Resource;
-    let path = MyResource::url_path(&(), None);
+    let path = ConfigMap::url_path(&(), namespaces.first().map(String::as_str));
     let served = match kubeclient::serves_shard_selector(client, &path, &key.selector(0)).await {
         Ok(served) => served,
         Err(err) => {
@@ -84,7 +93,7 @@ async fn probe(client: &kube::Client, key: ShardKey, metrics: &Metrics) -> bool 
 /// Runs the shard group's part of this replica until `stop` resolves; then leaves the
 /// group and releases every shard (see the module doc).
 pub async fn run(s: ScaleOut, stop: impl Future<Output = ()>) -> Result<()> {
-    let server_side = probe(&s.clients.reconcile, s.key, &s.metrics).await;
+    let server_side = probe(&s.clients.reconcile, &s.namespaces, s.key, &s.metrics).await;
     let (intent, intent_rx) = watch::channel(Intent::default());
     let api: Api<Lease> = Api::namespaced(s.clients.election.clone(), &s.lease_namespace);
     let stopping = CancellationToken::new();

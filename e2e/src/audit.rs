@@ -20,6 +20,9 @@ pub struct AuditEvent {
     #[serde(default)]
     pub response_status: Option<ResponseStatus>,
     pub stage: String,
+    /// The path and query as the client sent them.
+    #[serde(default, rename = "requestURI")]
+    pub request_uri: String,
     pub request_received_timestamp: Timestamp,
     pub stage_timestamp: Timestamp,
     /// The request body (Lease writes only, see the audit policy).

@@ -39,6 +39,7 @@ pub async fn cluster_with_image(dir: PathBuf) -> Result<(Cluster, Image)> {
         otlp_endpoint: None,
         lifetime: Lifetime::TiedToThisProcess,
         crds: Vec::new(),
+        shard_selector: true,
     })
     .await?;
     if let Err(err) = crate::node::import_into(&cluster.dir.join(NODE_DIR), &image) {

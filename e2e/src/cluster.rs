@@ -41,6 +41,9 @@ pub struct ClusterConfig {
     /// CRDs to establish before the controller-manager starts, so its garbage collector
     /// knows their kinds at once instead of after its 30 s discovery refresh.
     pub crds: Vec<CustomResourceDefinition>,
+    /// Whether kube-apiserver serves `shardSelector` on lists and watches (KEP-5866,
+    /// alpha feature gate `ShardedListAndWatch`); scale-out replicas use it when served.
+    pub shard_selector: bool,
 }
 
 /// The record in `DIR/cluster.json` that `cluster down` and refusals read.
@@ -287,6 +290,9 @@ impl Cluster {
             .arg(format!("--audit-log-path={}", self.audit_log.display()))
             .arg(format!("--audit-policy-file={}", policy.display()))
             .arg("--audit-log-mode=blocking");
+        if config.shard_selector {
+            cmd.arg("--feature-gates=ShardedListAndWatch=true");
+        }
         if let Some(endpoint) = &config.otlp_endpoint {
             let tracing = self.dir.join("tracing-config.json");
             let doc = json!({

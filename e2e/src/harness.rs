@@ -100,6 +100,15 @@ static CLUSTER: Mutex<Option<Cluster>> = Mutex::new(None);
 static JAEGER: Mutex<Option<Jaeger>> = Mutex::new(None);
 static TRACED: AtomicBool = AtomicBool::new(false);
 static WITH_NODE: AtomicBool = AtomicBool::new(false);
+static UNGATED: AtomicBool = AtomicBool::new(false);
+
+/// Like [`setup`], but the shared control plane (if this call starts it) does not serve
+/// `shardSelector` (feature gate `ShardedListAndWatch` off, as on most servers today).
+/// Every test of a binary that needs this must use it.
+pub async fn setup_ungated(prefix: &str) -> Result<TestEnv> {
+    UNGATED.store(true, Ordering::SeqCst);
+    setup(prefix).await
+}
 
 /// Like [`setup`], but the shared control plane (if this call starts it) has a real node
 /// ([`crate::node`]), so Pods run. Every test of a binary that needs the node must use this.
@@ -178,6 +187,7 @@ fn start() -> Result<Shared> {
         // Established before the controller-manager starts, so its garbage collector knows
         // MyResource owners at once.
         crds: vec![myresource_operator::resource::crd()],
+        shard_selector: !UNGATED.load(Ordering::SeqCst),
     };
     // The cluster must not belong to any one test's runtime: start it on a thread of its own.
     let (cluster, jaeger) = std::thread::spawn(move || {

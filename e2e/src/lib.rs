@@ -18,6 +18,8 @@
 //!   configured;
 //! - [`operator_image`]: the operator's container image (as `deploy/Dockerfile` makes it),
 //!   built without Docker;
+//! - [`objects`]: the test workload's MyResources and their convergence;
+//! - [`shards`]: scale-out mode's shard Leases, members and per-shard audit checks;
 //! - [`audit`]: reading the audit log the tests use as ground truth;
 //! - [`stats`]: percentiles and the min/median/p99/max summary of the bench and chaos reports;
 //! - [`wait`]: polling instead of sleeping.
@@ -31,12 +33,14 @@ pub mod harness;
 pub mod jaeger;
 pub mod lease;
 pub mod node;
+pub mod objects;
 pub mod operator;
 pub mod operator_image;
 pub mod overload_proxy;
 pub mod pki;
 pub mod process;
 pub mod proxy;
+pub mod shards;
 pub mod stats;
 pub mod wait;
 

@@ -10,15 +10,15 @@ use anyhow::{Result, bail};
 use e2e::audit;
 use e2e::harness::{self, TestEnv};
 use e2e::lease::TEST_TIMINGS;
+use e2e::objects::{create, set_message, wait_converged};
 use e2e::operator::{Operator, wait_for_log};
 use e2e::proxy::Proxy;
 use e2e::wait::poll;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use myresource_operator::resource::{MyResource, MyResourceSpec};
+use kube::api::{Patch, PatchParams};
+use myresource_operator::resource::MyResource;
 use serde_json::json;
 
 const LEASE_DURATION: Duration = TEST_TIMINGS.lease_duration;
@@ -42,62 +42,6 @@ async fn wait_for_leader(env: &TestEnv, replicas: &[Operator], not: Option<&str>
         Ok(replicas
             .iter()
             .position(|r| r.config.identity == holder && Some(holder.as_str()) != not))
-    })
-    .await
-}
-
-async fn create(env: &TestEnv, count: usize, message: &str) -> Result<()> {
-    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
-    for i in 0..count {
-        let mr = MyResource::new(
-            &format!("o{i}"),
-            MyResourceSpec {
-                message: message.into(),
-                some_value: i as i32,
-            },
-        );
-        mrs.create(&PostParams::default(), &mr).await?;
-    }
-    Ok(())
-}
-
-async fn set_message(env: &TestEnv, name: &str, message: &str) -> Result<()> {
-    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
-    mrs.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"message": message}})),
-    )
-    .await?;
-    Ok(())
-}
-
-/// Whether every MyResource has observedGeneration == generation and a matching ConfigMap.
-async fn all_converged(env: &TestEnv) -> Result<bool> {
-    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
-    let configmaps = cms.list(&Default::default()).await?;
-    for mr in mrs.list(&Default::default()).await? {
-        let name = mr.metadata.name.clone().unwrap_or_default();
-        let observed = mr.status.as_ref().and_then(|s| s.observed_generation);
-        let cm = configmaps
-            .items
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(&name));
-        let data = cm.and_then(|c| c.data.clone()).unwrap_or_default();
-        if observed != mr.metadata.generation
-            || data.get("message") != Some(&mr.spec.message)
-            || data.get("someValue") != Some(&mr.spec.some_value.to_string())
-        {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-async fn wait_converged(env: &TestEnv, limit: Duration) -> Result<()> {
-    poll("every object to converge", limit, || async {
-        Ok(all_converged(env).await?.then_some(()))
     })
     .await
 }

@@ -62,7 +62,12 @@ where
         let reference = reflector::ObjectRef::new(&key.name).within(&key.namespace);
         self.read()
             .iter()
-            .filter(|(scope, _)| scope.namespace.as_deref().is_none_or(|ns| ns == key.namespace))
+            .filter(|(scope, _)| {
+                scope
+                    .namespace
+                    .as_deref()
+                    .is_none_or(|ns| ns == key.namespace)
+            })
             .find_map(|(_, store)| store.get(&reference))
     }
 

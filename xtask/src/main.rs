@@ -210,6 +210,7 @@ async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>, node: bool) -> 
         otlp_endpoint,
         lifetime: Lifetime::Detached,
         crds: Vec::new(),
+        shard_selector: true,
     };
     let cluster = if node {
         Cluster::start_with_node(config).await?

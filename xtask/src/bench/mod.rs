@@ -102,6 +102,7 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
         otlp_endpoint: None,
         lifetime: Lifetime::TiedToThisProcess,
         crds: vec![myresource_operator::resource::crd()],
+        shard_selector: true,
     })
     .await?;
     let client = cluster.client().await?;

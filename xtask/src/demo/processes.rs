@@ -43,6 +43,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
         otlp_endpoint: None,
         lifetime: lifetime(keep),
         crds: Vec::new(),
+        shard_selector: true,
     })
     .await?;
     let result = demo(&mut cluster, root, &operator, &kubectl, started).await;
