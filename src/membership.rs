@@ -83,6 +83,12 @@ fn format_shards(shards: &BTreeSet<usize>) -> String {
         .join(",")
 }
 
+/// A record's own lease duration.
+fn duration_of(spec: &LeaseSpec) -> Duration {
+    spec.lease_duration_seconds
+        .map_or(Duration::ZERO, |s| Duration::from_secs(s.max(0) as u64))
+}
+
 fn parse_shards(text: &str) -> BTreeSet<usize> {
     text.split(',')
         .filter_map(|s| s.trim().parse().ok())
@@ -103,8 +109,12 @@ pub struct Group {
 }
 
 impl Group {
-    /// Records a Lease; its liveness clock restarts only when its record changed.
-    pub fn observe(&mut self, lease: &Lease, now: Instant) {
+    /// Records a Lease at `now` (`wall` on the wall clock); its liveness clock restarts
+    /// only when its record changed. A record seen for the first time is dated by its
+    /// `renewTime` against our wall clock (at most a lease duration back): a replica that
+    /// starts must not count a member dead for minutes as live for a lease duration. This
+    /// steers only the plan; each shard Lease's expiry never reads a remote clock.
+    pub fn observe(&mut self, lease: &Lease, now: Instant, wall: Timestamp) {
         let spec = lease.spec.clone().unwrap_or_default();
         let warm = lease
             .annotations()
@@ -112,19 +122,23 @@ impl Group {
             .map(|w| parse_shards(w))
             .unwrap_or_default();
         let name = lease.name_any();
-        match self.leases.get_mut(&name) {
-            Some(seen) if seen.spec == spec => seen.warm = warm,
-            _ => {
-                self.leases.insert(
-                    name,
-                    Seen {
-                        spec,
-                        warm,
-                        since: now,
-                    },
-                );
+        let since = match self.leases.get_mut(&name) {
+            Some(seen) if seen.spec == spec => {
+                seen.warm = warm;
+                return;
             }
-        }
+            Some(_) => now,
+            None => {
+                let age = spec
+                    .renew_time
+                    .as_ref()
+                    .and_then(|t| Duration::try_from(wall.duration_since(t.0)).ok())
+                    .unwrap_or_default()
+                    .min(duration_of(&spec));
+                now.checked_sub(age).unwrap_or(now)
+            }
+        };
+        self.leases.insert(name, Seen { spec, warm, since });
     }
 
     pub fn forget(&mut self, name: &str) {
@@ -153,11 +167,7 @@ impl Group {
             else {
                 continue;
             };
-            let duration = seen
-                .spec
-                .lease_duration_seconds
-                .map_or(Duration::ZERO, |s| Duration::from_secs(s.max(0) as u64))
-                .max(lease_duration);
+            let duration = duration_of(&seen.spec).max(lease_duration);
             if name.starts_with(&prefix) && now < seen.since + duration {
                 members.insert(holder.to_string());
                 warm.insert(holder.to_string(), seen.warm.clone());
@@ -224,7 +234,11 @@ impl Membership {
         let mut roles: Vec<_> = self.leaderships.iter().map(Leadership::subscribe).collect();
         let mut group = Group::default();
         let mut listing: Option<Group> = None;
+        let mut listed = false;
         let mut written: Option<Lease> = None;
+        // Start of the last successful renewal: this replica plans itself in while the
+        // others can still see it live.
+        let mut renewed: Option<Instant> = None;
         let mut renew_at = Instant::now();
         let mut failures = Throttle::new(Duration::from_secs(30));
         let retry = self.timings.retry_period;
@@ -237,10 +251,11 @@ impl Membership {
             if now >= renew_at || (stale && written.is_some()) {
                 match self.renew(&name, written.as_ref(), &warm_mine).await {
                     Ok(lease) => {
+                        renewed = Some(now);
                         if let Some(run) = failures.succeeded() {
                             info!(failures = run, "member Lease renewals succeed again");
                         }
-                        group.observe(&lease, Instant::now());
+                        group.observe(&lease, Instant::now(), Timestamp::now());
                         written = Some(lease);
                         renew_at = Instant::now() + retry;
                     }
@@ -254,7 +269,12 @@ impl Membership {
                     }
                 }
             }
-            self.replan(&group, written.is_some());
+            // Plan only once the group is known: planning alone would cache every shard.
+            if listed {
+                let joined =
+                    renewed.is_some_and(|at| Instant::now() < at + self.timings.lease_duration);
+                self.replan(&group, joined);
+            }
             let wake = group
                 .next_expiry(&self.group, self.timings.lease_duration)
                 .filter(|t| *t > Instant::now())
@@ -265,12 +285,12 @@ impl Membership {
                 _ = warmed.changed() => {}
                 _ = futures::future::select_all(roles.iter_mut().map(|r| Box::pin(r.changed()))) => {}
                 event = events.next() => match event {
-                    Some(Event::Apply(lease)) => group.observe(&lease, Instant::now()),
+                    Some(Event::Apply(lease)) => group.observe(&lease, Instant::now(), Timestamp::now()),
                     Some(Event::Delete(lease)) => group.forget(&lease.name_any()),
                     Some(Event::Init) => listing = Some(Group::default()),
                     Some(Event::InitApply(lease)) => {
                         if let Some(fresh) = listing.as_mut() {
-                            fresh.observe(&lease, Instant::now());
+                            fresh.observe(&lease, Instant::now(), Timestamp::now());
                         }
                     }
                     Some(Event::InitDone) => {
@@ -282,6 +302,7 @@ impl Membership {
                             }
                         }
                         group = fresh;
+                        listed = true;
                     }
                     None => break,
                 },
@@ -329,6 +350,8 @@ impl Membership {
             *current = intent;
             true
         });
+        self.caches
+            .watch_shards(&cached, self.key, self.server_side);
     }
 
     /// Creates or renews the member Lease, naming the warm shards.
@@ -419,19 +442,30 @@ mod tests {
         assert_eq!(format_shards(&BTreeSet::from([1, 2])), "1,2");
     }
 
+    fn wall(text: &str) -> Timestamp {
+        text.parse().unwrap()
+    }
+
     #[test]
     fn members_live_while_their_records_change_and_holders_must_be_members() {
-        let t = Instant::now();
+        // Far enough from Instant's origin to date records seconds back.
+        let t = Instant::now() + Duration::from_secs(3600);
         let second = Duration::from_secs(1);
+        let w = wall("2026-01-01T00:00:00Z");
         let mut group = Group::default();
-        group.observe(&lease("op-member-a", "a", "2026-01-01T00:00:00Z", "0,1"), t);
-        group.observe(&lease("op-member-b", "b", "2026-01-01T00:00:00Z", ""), t);
-        group.observe(&lease("op-0", "a", "2026-01-01T00:00:00Z", ""), t);
-        group.observe(&lease("op-1", "b", "2026-01-01T00:00:00Z", ""), t);
+        group.observe(
+            &lease("op-member-a", "a", "2026-01-01T00:00:00Z", "0,1"),
+            t,
+            w,
+        );
+        group.observe(&lease("op-member-b", "b", "2026-01-01T00:00:00Z", ""), t, w);
+        group.observe(&lease("op-0", "a", "2026-01-01T00:00:00Z", ""), t, w);
+        group.observe(&lease("op-1", "b", "2026-01-01T00:00:00Z", ""), t, w);
         // a renews; b does not.
         group.observe(
             &lease("op-member-a", "a", "2026-01-01T00:00:03Z", "0,1"),
             t + 3 * second,
+            w,
         );
         let (view, warm) = group.view("op", 2, Some("me"), 4 * second, t + 2 * second);
         assert_eq!(
@@ -446,9 +480,33 @@ mod tests {
         group.observe(
             &lease("op-member-a", "a", "2026-01-01T00:00:03Z", "0"),
             t + 6 * second,
+            w,
         );
         let (view, warm) = group.view("op", 2, None, 4 * second, t + 7 * second + second);
         assert!(view.members.is_empty(), "{view:?}");
         assert!(warm.is_empty());
+    }
+
+    #[test]
+    fn a_record_first_seen_is_dated_by_its_renew_time() {
+        let t = Instant::now() + Duration::from_secs(3600);
+        let second = Duration::from_secs(1);
+        let mut group = Group::default();
+        // Renewed 10 s ago by our wall clock: dead at first sight (4 s lease).
+        group.observe(
+            &lease("op-member-old", "old", "2026-01-01T00:00:00Z", ""),
+            t,
+            wall("2026-01-01T00:00:10Z"),
+        );
+        // Renewed 1 s ago: live for 3 s more.
+        group.observe(
+            &lease("op-member-new", "new", "2026-01-01T00:00:09Z", ""),
+            t,
+            wall("2026-01-01T00:00:10Z"),
+        );
+        let (view, _) = group.view("op", 0, None, 4 * second, t);
+        assert_eq!(view.members, BTreeSet::from(["new".into()]));
+        let (view, _) = group.view("op", 0, None, 4 * second, t + 3 * second);
+        assert!(view.members.is_empty());
     }
 }

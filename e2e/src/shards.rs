@@ -141,33 +141,46 @@ fn subject(e: &AuditEvent) -> Option<&str> {
     }
 }
 
-/// Writes by a replica that did not hold the written object's shard when the write reached
-/// the API server, described.
-pub fn overlapping_writes(
-    events: &[AuditEvent],
+/// Successful writes (MyResources, ConfigMaps, Events) by a replica that held none of the
+/// written object's shards when the write reached the API server. `shards_of` gives each
+/// MyResource name the shards of every uid it had (an object deleted and created again under
+/// its name gets a new uid, and so maybe another shard).
+pub fn overlapping_writes<'a>(
+    events: &'a [AuditEvent],
     namespace: &str,
     terms: &[Vec<Acquisition>],
-    shard_of: &BTreeMap<String, usize>,
-) -> Vec<String> {
-    let mut found = Vec::new();
-    for (shard, shard_terms) in terms.iter().enumerate() {
-        let in_shard: Vec<AuditEvent> = events
+    shards_of: &BTreeMap<String, BTreeSet<usize>>,
+) -> Vec<&'a AuditEvent> {
+    let holder = |shard: usize, at: Timestamp| {
+        terms[shard]
             .iter()
-            .filter(|e| subject(e).and_then(|n| shard_of.get(n)) == Some(&shard))
-            .cloned()
-            .collect();
-        found.extend(
-            audit::overlapping_writes(&in_shard, namespace, shard_terms)
-                .into_iter()
-                .map(|e| {
-                    format!(
-                        "shard {shard}: {} {} {:?} at {}",
-                        e.user_agent, e.verb, e.object_ref, e.request_received_timestamp
-                    )
-                }),
-        );
-    }
-    found
+            .take_while(|t| t.at <= at)
+            .last()
+            .map(|t| t.holder.as_str())
+    };
+    events
+        .iter()
+        .filter(|e| e.is_write() && e.succeeded() && e.namespace() == namespace)
+        .filter(|e| matches!(e.resource(), "myresources" | "configmaps" | "events"))
+        .filter(|e| {
+            let (Some(replica), Some(shards)) =
+                (e.replica(), subject(e).and_then(|n| shards_of.get(n)))
+            else {
+                return false;
+            };
+            !shards
+                .iter()
+                .any(|s| holder(*s, e.request_received_timestamp) == Some(replica))
+        })
+        .collect()
+}
+
+/// The shards of names mapped to one shard each.
+pub fn single(shard_of: &BTreeMap<String, usize>) -> BTreeMap<String, BTreeSet<usize>> {
+    shard_of
+        .iter()
+        .map(|(name, shard)| (name.clone(), BTreeSet::from([*shard])))
+        .collect()
 }
 
 /// Percent-decodes a request URI (`+` as a space, as form encoding writes it).

@@ -165,10 +165,18 @@ pub async fn run(env: TestEnv, server_side: bool) -> Result<()> {
     let terms = shards::terms(&events, &env.namespace, SHARDS);
     let shard_of = shards::shard_by_name(&env.client, &env.namespace, key).await?;
     ensure!(shard_of.len() == OBJECTS);
-    let overlaps = shards::overlapping_writes(&events, &env.namespace, &terms, &shard_of);
+    let overlaps =
+        shards::overlapping_writes(&events, &env.namespace, &terms, &shards::single(&shard_of));
     ensure!(
         overlaps.is_empty(),
-        "writes outside the shard's term: {overlaps:#?}"
+        "writes outside the shard's term: {:#?}",
+        overlaps
+            .iter()
+            .map(|e| format!(
+                "{} {} {:?} at {}",
+                e.user_agent, e.verb, e.object_ref, e.request_received_timestamp
+            ))
+            .collect::<Vec<_>>()
     );
     Ok(())
 }

@@ -15,6 +15,8 @@
 //! - [`failover`]: SIGKILL failover and SIGTERM handover;
 //! - [`pods`] (`--pods N`, on its own): failover of the chart's Pods on a real node;
 //! - [`peers`] (`--peers [N]`, on its own): ours beside controller-runtime and kube-runtime;
+//! - [`scaleout`] (`--shard-leases [S]`, on its own): scale-out mode with 1 to 4 replicas
+//!   against the single leader;
 //! - [`cpu`]: CPU per process over a phase; [`objects`]: the objects measured;
 //! - [`report`]: the report, as printed lines, `report.md` and `report.json`.
 
@@ -27,6 +29,7 @@ mod objects;
 mod peers;
 mod pods;
 mod report;
+mod scaleout;
 mod takeover;
 mod telemetry;
 mod throughput;
@@ -72,6 +75,12 @@ pub struct BenchArgs {
     /// `--latency-objects` and `--failover-runs` (writes target/bench/peers/report.{json,md}).
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "2000")]
     pub peers: Option<usize>,
+    /// Instead of everything else: scale-out mode with S shard Leases (default 12) and
+    /// 1 to 4 replicas against the single leader, `--objects` MyResources, and
+    /// `--failover-runs` rounds of kill, join and leave with three replicas (writes
+    /// target/bench/scaleout/report.{json,md}).
+    #[arg(long, value_name = "S", num_args = 0..=1, default_missing_value = "12")]
+    pub shard_leases: Option<usize>,
 }
 
 struct Bench {
@@ -113,12 +122,19 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
         binary,
         report: Report::new(),
     };
-    let (result, out) = match (&peers, args.peers) {
-        (Some(binaries), Some(n)) => {
+    let (result, out) = match (&peers, args.peers, args.shard_leases) {
+        (Some(binaries), Some(n), _) => {
             bench.report = Report::titled("Side by side with controller-runtime and kube-runtime");
             let runs = (args.latency_objects, args.failover_runs);
             let result = bench.peers(binaries, n, runs.0, runs.1).await;
             (result, root.join("target/bench/peers"))
+        }
+        (_, _, Some(shards)) => {
+            bench.report = Report::titled("Scale-out mode against the single leader");
+            let result = bench
+                .scale_out(args.objects, shards, args.failover_runs.max(1))
+                .await;
+            (result, root.join("target/bench/scaleout"))
         }
         _ => (bench.all(&args).await, root.join("target/bench")),
     };

@@ -2,6 +2,7 @@
 //! round, no lost update, no write by a replica after another acquired the Lease (from the
 //! audit log), no panic and no unexpected exit; and the time to a new leader per round.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -10,8 +11,9 @@ use e2e::lease;
 use e2e::operator::http_get;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use myresource_operator::resource::MyResource;
+use myresource_operator::shardkey::ShardKey;
 use serde_json::Value;
 
 use super::{Chaos, NAMESPACE};
@@ -35,13 +37,23 @@ pub(super) fn failed(report: &Value) -> bool {
 }
 
 impl Chaos {
-    /// Whether exactly one replica reports leadership within 10 s: a replica that was
-    /// frozen or cut off may report leadership until it notices.
+    /// Whether exactly one replica reports leadership (in scale-out mode: of each shard)
+    /// within 10 s: a replica that was frozen or cut off may report leadership until it
+    /// notices.
     pub(super) async fn single_leader(&self) -> bool {
         let single = e2e::wait::poll(
             "exactly one replica reporting leadership",
             Duration::from_secs(10),
-            || async { Ok((self.reporting_leaders().await.len() == 1).then_some(())) },
+            || async {
+                let leaders = self.reporting_leaders().await;
+                let want = self.shards.unwrap_or(1);
+                let mut per_lease = std::collections::BTreeMap::new();
+                for (lease, _) in &leaders {
+                    *per_lease.entry(lease.clone()).or_insert(0) += 1;
+                }
+                let one_each = per_lease.len() == want && per_lease.values().all(|n| *n == 1);
+                Ok(one_each.then_some(()))
+            },
         )
         .await
         .is_ok();
@@ -54,16 +66,19 @@ impl Chaos {
         single
     }
 
-    /// Replicas reporting leader_election_master_status 1.
-    async fn reporting_leaders(&self) -> Vec<String> {
+    /// The (Lease, replica) pairs reporting leader_election_master_status 1.
+    async fn reporting_leaders(&self) -> Vec<(String, String)> {
         let mut leaders = Vec::new();
         for slot in &self.slots {
             match http_get(slot.operator.metrics, "/metrics").await {
                 Ok((200, body)) => {
-                    if body.lines().any(|l| {
-                        l.starts_with("leader_election_master_status{") && l.ends_with(" 1")
-                    }) {
-                        leaders.push(slot.operator.config.identity.clone());
+                    for line in body.lines() {
+                        if let Some(rest) = line.strip_prefix("leader_election_master_status{")
+                            && line.ends_with(" 1")
+                        {
+                            let lease = rest.split('"').nth(1).unwrap_or_default().to_string();
+                            leaders.push((lease, slot.operator.config.identity.clone()));
+                        }
                     }
                 }
                 other => eprintln!(
@@ -135,10 +150,56 @@ pub(super) fn audit_checks(
     faults: &mut [Value],
 ) -> (Vec<Acquisition>, Vec<String>) {
     let terms = audit::acquisitions(events, NAMESPACE, lease::NAME);
+    let overlapping = audit::overlapping_writes(events, NAMESPACE, &terms);
+    attribute(faults, terms, &overlapping)
+}
+
+/// Each MyResource name of the run and the shards of every uid it had: those the workload
+/// created, and those there now (a create whose answer was lost in a fault).
+pub(super) async fn shards_of(
+    client: &Client,
+    shards: usize,
+    mut uids: super::workload::Uids,
+) -> Result<BTreeMap<String, BTreeSet<usize>>> {
+    let mrs: Api<MyResource> = Api::namespaced(client.clone(), NAMESPACE);
+    for mr in mrs.list(&Default::default()).await? {
+        let name = mr.name_any();
+        uids.entry(name)
+            .or_default()
+            .insert(mr.uid().unwrap_or_default());
+    }
+    let key = ShardKey::new(shards);
+    Ok(uids
+        .into_iter()
+        .map(|(name, uids)| (name, uids.iter().map(|u| key.shard_of_uid(u)).collect()))
+        .collect())
+}
+
+/// [`audit_checks`] in scale-out mode: every shard Lease's terms (in time order), and the
+/// writes a replica made to an object while it held none of the object's shards.
+pub(super) fn shard_audit_checks(
+    events: &[AuditEvent],
+    faults: &mut [Value],
+    shards: usize,
+    shards_of: &BTreeMap<String, BTreeSet<usize>>,
+) -> (Vec<Acquisition>, Vec<String>) {
+    let per_shard = e2e::shards::terms(events, NAMESPACE, shards);
+    let overlapping = e2e::shards::overlapping_writes(events, NAMESPACE, &per_shard, shards_of);
+    let mut terms: Vec<Acquisition> = per_shard.into_iter().flatten().collect();
+    terms.sort_by_key(|t| t.at);
+    attribute(faults, terms, &overlapping)
+}
+
+/// Sets each round's `new_leader_seconds` from `terms` and attributes the overlapping
+/// writes to the rounds they were received in; returns the terms and the writes described.
+fn attribute(
+    faults: &mut [Value],
+    terms: Vec<Acquisition>,
+    overlapping: &[&AuditEvent],
+) -> (Vec<Acquisition>, Vec<String>) {
     for fault in faults.iter_mut() {
         fault["new_leader_seconds"] = new_leader_seconds(fault, &terms).into();
     }
-    let overlapping = audit::overlapping_writes(events, NAMESPACE, &terms);
     let overlaps: Vec<String> = overlapping
         .iter()
         .map(|e| {

@@ -62,6 +62,12 @@ pub struct ChaosArgs {
     /// (writes target/chaos-in-cluster/).
     #[arg(long)]
     pub in_cluster: bool,
+    /// Scale-out mode: the replicas run with S shard Leases; "the leader" a fault strikes
+    /// is the replica leading the most shards, and every check is per shard (writes outside
+    /// the shard's terms, exactly one leader per shard). Faults on the single Lease itself
+    /// (deleted, holder cleared, relabelled, mixed timings) are left out.
+    #[arg(long, value_name = "S", conflicts_with = "in_cluster")]
+    pub shard_leases: Option<usize>,
 }
 
 struct Chaos {
@@ -72,6 +78,8 @@ struct Chaos {
     /// Log files of every replica ever started, for the panic check.
     logs: Vec<PathBuf>,
     rng: Rng,
+    /// Scale-out mode's shard count.
+    shards: Option<usize>,
 }
 
 pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
@@ -99,6 +107,7 @@ pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
         slots: Vec::new(),
         logs: Vec::new(),
         rng: Rng::new(args.seed),
+        shards: args.shard_leases,
     };
     let result = chaos.rounds(&args, &out).await;
     // Keep the audit log and replica logs; stop the processes.
@@ -129,18 +138,29 @@ impl Chaos {
         let workload = Workload::start(self.client.clone(), args.seed);
         let mut faults = Vec::new();
         let mut counts = Counts::default();
-        for (round, fault) in schedule(args.seed, args.rounds, &schedule::FAULTS)
+        let kinds: &[Fault] = match self.shards {
+            None => &schedule::FAULTS,
+            Some(_) => &schedule::SHARD_FAULTS,
+        };
+        for (round, fault) in schedule(args.seed, args.rounds, kinds)
             .into_iter()
             .enumerate()
         {
             faults.push(self.round(round, fault, &workload, &mut counts).await?);
         }
         let operations = workload.operations();
+        let uids = workload.uids();
         workload.stop().await;
         let ended_at = Timestamp::now();
 
         let events = audit::read(&self.cluster.audit_log)?;
-        let (terms, overlaps) = checks::audit_checks(&events, &mut faults);
+        let (terms, overlaps) = match self.shards {
+            None => checks::audit_checks(&events, &mut faults),
+            Some(shards) => {
+                let shards_of = checks::shards_of(&self.client, shards, uids).await?;
+                checks::shard_audit_checks(&events, &mut faults, shards, &shards_of)
+            }
+        };
         counts.panics = self.panics();
         counts.unexpected_exits += self.exited();
         let report = report::build(args, faults, &overlaps, &counts, operations, terms.len());

@@ -46,13 +46,17 @@ impl Chaos {
     ) -> Result<OperatorConfig> {
         let kubeconfig = self.cluster.dir.join(format!("slot-{slot}.kubeconfig"));
         write_kubeconfig_via(&self.cluster.kubeconfig, proxy.addr, &kubeconfig)?;
-        Ok(OperatorConfig::in_namespace(
+        let config = OperatorConfig::in_namespace(
             format!("replica-{slot}-{generation}"),
             kubeconfig,
             NAMESPACE,
             self.root.join("target/chaos/logs"),
             timings,
-        ))
+        );
+        Ok(match self.shards {
+            Some(shards) => config.with_args(&[&format!("--shard-leases={shards}")]),
+            None => config,
+        })
     }
 
     /// Starts slot `slot`'s proxies: the overload proxy presents the API server's own
@@ -143,8 +147,25 @@ impl Chaos {
             .unwrap_or_default())
     }
 
-    /// The slot whose live replica holds the Lease.
+    /// The slot whose live replica holds the Lease; in scale-out mode, once every shard is
+    /// held by a live replica, the slot holding the most.
     pub(super) async fn leader_slot(&self, limit: Duration) -> Result<usize> {
+        if let Some(shards) = self.shards {
+            return e2e::wait::poll("every shard held by a live replica", limit, || async {
+                let held = e2e::shards::snapshot(&self.client, NAMESPACE, shards).await?;
+                let ids: Vec<&str> = self
+                    .slots
+                    .iter()
+                    .map(|s| s.operator.config.identity.as_str())
+                    .collect();
+                if !held.holders.iter().all(|h| ids.contains(&h.as_str())) {
+                    return Ok(None);
+                }
+                Ok((0..self.slots.len())
+                    .max_by_key(|i| held.held_by(&self.slots[*i].operator.config.identity).len()))
+            })
+            .await;
+        }
         e2e::wait::poll("a live leader", limit, || async {
             let holder = self.holder().await?;
             Ok(self

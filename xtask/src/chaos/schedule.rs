@@ -55,6 +55,18 @@ pub(super) const FAULTS: [Fault; 11] = [
     Fault::ApiserverOverload,
 ];
 
+/// The faults of scale-out mode (`--shard-leases`): those that strike a replica, not the
+/// single Lease.
+pub(super) const SHARD_FAULTS: [Fault; 7] = [
+    Fault::LeaderKill,
+    Fault::LeaderTerm,
+    Fault::LeaderFreeze,
+    Fault::LeaderPartition,
+    Fault::FollowerKill,
+    Fault::ApiserverRestart,
+    Fault::ApiserverOverload,
+];
+
 /// The faults against the chart's Pods on the node (`--in-cluster`).
 pub(super) const POD_FAULTS: [Fault; 6] = [
     Fault::PodDelete,

@@ -1,13 +1,14 @@
 //! The steady workload the faults strike under: MyResources and labelled Pods created,
 //! updated and deleted at a fixed rate.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL};
 use serde_json::json;
 
@@ -21,8 +22,14 @@ pub(super) struct Workload {
     paused: Arc<AtomicBool>,
     idle: Arc<tokio::sync::Notify>,
     operations: Arc<AtomicU64>,
+    /// Every uid each MyResource name has had (scale-out chaos: a name created again may
+    /// land on another shard).
+    uids: Arc<Mutex<Uids>>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// MyResource names and the uids they have had.
+pub(super) type Uids = BTreeMap<String, BTreeSet<String>>;
 
 impl Workload {
     pub(super) fn start(client: Client, seed: u64) -> Workload {
@@ -30,12 +37,14 @@ impl Workload {
         let paused = Arc::new(AtomicBool::new(false));
         let idle = Arc::new(tokio::sync::Notify::new());
         let operations = Arc::new(AtomicU64::new(0));
+        let uids = Arc::new(Mutex::new(Uids::new()));
         let task = {
-            let (running, paused, idle, operations) = (
+            let (running, paused, idle, operations, uids) = (
                 running.clone(),
                 paused.clone(),
                 idle.clone(),
                 operations.clone(),
+                uids.clone(),
             );
             tokio::spawn(async move {
                 let mut rng = Rng::new(seed ^ 0x5eed);
@@ -49,7 +58,7 @@ impl Workload {
                         continue;
                     }
                     counter += 1;
-                    operate(&mrs, &pods, &mut rng, counter).await;
+                    operate(&mrs, &pods, &mut rng, counter, &uids).await;
                     operations.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -60,8 +69,14 @@ impl Workload {
             paused,
             idle,
             operations,
+            uids,
             task,
         }
+    }
+
+    /// Every uid each MyResource name has had so far.
+    pub(super) fn uids(&self) -> Uids {
+        self.uids.lock().expect("uids lock").clone()
     }
 
     pub(super) fn resume(&self) {
@@ -86,7 +101,13 @@ impl Workload {
 
 /// One operation, chosen by `rng`: create or update a MyResource (6 in 10), delete one (1
 /// in 10), create a labelled Pod (2 in 10) or delete one (1 in 10).
-async fn operate(mrs: &Api<MyResource>, pods: &Api<Pod>, rng: &mut Rng, counter: u64) {
+async fn operate(
+    mrs: &Api<MyResource>,
+    pods: &Api<Pod>,
+    rng: &mut Rng,
+    counter: u64,
+    uids: &Mutex<Uids>,
+) {
     let i = rng.below(40);
     let name = format!("w{i}");
     // Errors (object exists, not found, API server restarting) are part of chaos.
@@ -100,6 +121,12 @@ async fn operate(mrs: &Api<MyResource>, pods: &Api<Pod>, rng: &mut Rng, counter:
                 },
             );
             match mrs.create(&PostParams::default(), &mr).await {
+                Ok(created) => {
+                    let uid = created.uid().unwrap_or_default();
+                    let mut uids = uids.lock().expect("uids lock");
+                    uids.entry(name).or_default().insert(uid);
+                    Ok(())
+                }
                 Err(kube::Error::Api(s)) if s.code == 409 => mrs
                     .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"message": format!("m{counter}"), "someValue": counter as i32}})))
                     .await
