@@ -3,13 +3,15 @@
 //! - `cluster up|down [--dir DIR] [--node]`: a local control plane that outlives the command,
 //!   with a real node when asked; `cluster probe runc|kubelet`: NODE.md's fail-fast checks;
 //! - `test`: every test (unit and end-to-end against a real control plane), eleven seeded
-//!   chaos rounds (one of each fault kind) and six in-cluster ones, the demo once with an empty binaries cache (the
-//!   first-use path), then a check that no control-plane process was left behind;
+//!   chaos rounds (one of each fault kind), seven in scale-out mode and six in-cluster ones,
+//!   the demo once with an empty binaries cache (the first-use path), then a check that no
+//!   control-plane process was left behind;
 //! - `bench`: measurements (throughput against the API server's write ceiling, latency,
 //!   takeover, memory, telemetry, failover and handover) written to
 //!   `target/bench/report.{json,md}`; xtask reruns itself from a release build for it;
-//! - `chaos [--in-cluster]`: seeded faults against three replicas (processes, or the
-//!   chart's Pods on a node) under a workload, with the invariants checked; writes
+//! - `chaos [--in-cluster | --shard-leases S]`: seeded faults against three replicas
+//!   (processes, processes in scale-out mode, or the chart's Pods on a node) under a
+//!   workload, with the invariants checked; writes
 //!   `target/chaos/` (or `target/chaos-in-cluster/`): `report.{json,md}`, `timeline.svg`;
 //! - `image [--dir DIR]`: the operator's container image, built without Docker and loaded
 //!   into the node of the cluster in DIR; prints the image reference last;
@@ -263,8 +265,14 @@ fn test(cargo_args: &[String]) -> Result<()> {
     let mut status = cargo.status().context("running cargo test")?;
     if status.success() && !use_existing {
         // Every run exercises failover: a short seeded chaos run (each fault kind once),
-        // against processes and against the chart's Pods on a node.
-        for extra in [&["--rounds", "11"][..], &["--in-cluster", "--rounds", "6"]] {
+        // against processes, against processes in scale-out mode, and against the chart's
+        // Pods on a node.
+        let runs = [
+            &["--rounds", "11"][..],
+            &["--shard-leases", "6", "--rounds", "7"],
+            &["--in-cluster", "--rounds", "6"],
+        ];
+        for extra in runs {
             let chaos = Command::new(std::env::current_exe()?)
                 .args(["chaos", "--seed", "1"])
                 .args(extra)

@@ -66,12 +66,14 @@ pub struct ChaosArgs {
     /// is the replica leading the most shards, and every check is per shard (writes outside
     /// the shard's terms, exactly one leader per shard). Faults on the single Lease itself
     /// (deleted, holder cleared, relabelled, mixed timings) are left out.
+    /// Writes target/chaos-scaleout/.
     #[arg(long, value_name = "S", conflicts_with = "in_cluster")]
     pub shard_leases: Option<usize>,
 }
 
 struct Chaos {
-    root: PathBuf,
+    /// Where the report and the replicas' logs go.
+    out: PathBuf,
     cluster: Cluster,
     client: Client,
     slots: Vec<Slot>,
@@ -86,7 +88,10 @@ pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
     if args.in_cluster {
         return in_cluster::run(root, &args).await;
     }
-    let out = root.join("target/chaos");
+    let out = root.join(match args.shard_leases {
+        None => "target/chaos",
+        Some(_) => "target/chaos-scaleout",
+    });
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
     eprintln!("==> starting a local control plane and three replicas");
@@ -101,7 +106,7 @@ pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
     let client = cluster.client().await?;
     e2e::cluster::create_namespace(&client, NAMESPACE).await?;
     let mut chaos = Chaos {
-        root: root.to_path_buf(),
+        out: out.clone(),
         cluster,
         client,
         slots: Vec::new(),

@@ -50,7 +50,7 @@ impl Chaos {
             format!("replica-{slot}-{generation}"),
             kubeconfig,
             NAMESPACE,
-            self.root.join("target/chaos/logs"),
+            self.out.join("logs"),
             timings,
         );
         Ok(match self.shards {
