@@ -1,9 +1,12 @@
 //! The Helm chart against the real control plane: lint, render with several value sets
 //! (each accepted by a server-side dry run), schema refusals, install/upgrade/uninstall,
 //! three replicas running with exactly the chart's RBAC (a ServiceAccount token), and a
-//! real Prometheus scraping them, evaluating every dashboard query and alert expression; a
-//! namespaced install (`watchNamespaces`) whose rights hold in the watched namespaces only.
+//! real Prometheus scraping them, evaluating every dashboard query and loading the rendered
+//! alert rules; the same in scale-out mode (`sharding.leases`), two replicas holding every
+//! shard Lease with the chart's wider Lease rights; a namespaced install (`watchNamespaces`)
+//! whose rights hold in the watched namespaces only.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -78,7 +81,7 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
     monitoring_crds(&env).await?;
     // A Role goes into each watched namespace: for the dry run, this test's own.
     let watched = format!("watchNamespaces={{{}}}", env.namespace);
-    let value_sets: [&[&str]; 4] = [
+    let value_sets: [&[&str]; 5] = [
         &[],
         &[
             "--set",
@@ -106,7 +109,18 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
             "--set",
             "podDisruptionBudget.enabled=false",
         ],
+        &[
+            "--set",
+            "sharding.leases=4",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "grafanaDashboard.enabled=true",
+        ],
     ];
+    // Scale-out mode's Lease rights: in the leader-election Role only with sharding.leases.
+    let wide_lease_rule = r#"verbs: ["get", "list", "watch", "create", "update", "delete"]"#;
+    let narrow_lease_rule = r#"resourceNames: ["myresource-operator"]"#;
     for (i, values) in value_sets.iter().enumerate() {
         let rendered = run(
             helm(&env)?
@@ -116,13 +130,37 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
                 .args(*values),
             None,
         )?;
+        let scale_out = values.contains(&"sharding.leases=4");
+        for (present, text) in [
+            (scale_out, "name: SHARD_LEASES\n              value: \"4\""),
+            (
+                scale_out,
+                "name: SHARD_STANDBYS\n              value: \"1\"",
+            ),
+            (scale_out, wide_lease_rule),
+            (!scale_out, narrow_lease_rule),
+        ] {
+            assert_eq!(
+                rendered.contains(text),
+                present,
+                "value set {i} {values:?}: {text}\n{rendered}"
+            );
+        }
+        if values.contains(&"metrics.prometheusRule.enabled=true") {
+            for (present, alert) in [
+                (scale_out, "- alert: MyResourceOperatorShardWithoutLeader"),
+                (!scale_out, "- alert: MyResourceOperatorNoLeader"),
+            ] {
+                assert_eq!(rendered.contains(alert), present, "value set {i}: {alert}");
+            }
+        }
         run(
             kubectl(&env)?.args(["apply", "--dry-run=server", "-n", &env.namespace, "-f", "-"]),
             Some(&rendered),
         )
         .with_context(|| format!("value set {i} {values:?}"))?;
     }
-    let refusals: [(&[&str], &str); 7] = [
+    let refusals: [(&[&str], &str); 11] = [
         (&["--set", "replicaCount=-1"], "replicaCount"),
         (&["--set", "watchNamespaces={Not_OK}"], "watchNamespaces"),
         (&["--set", "watchNamespaces={a,a}"], "watchNamespaces"),
@@ -133,6 +171,22 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
         (&["--set", "sharding.shards=many"], "shards"),
         (&["--set", "logging.format=xml"], "format"),
         (&["--set", "replicas=3"], "replicas"),
+        (
+            &["--set", "sharding.leases=-1"],
+            "/sharding/leases': minimum",
+        ),
+        (
+            &["--set", "sharding.leases=300"],
+            "/sharding/leases': maximum",
+        ),
+        (
+            &["--set", "sharding.leases=some"],
+            "/sharding/leases': got string, want integer",
+        ),
+        (
+            &["--set", "sharding.standbys=9"],
+            "/sharding/standbys': maximum",
+        ),
     ];
     for (values, field) in refusals {
         let err = run(
@@ -444,24 +498,189 @@ async fn a_namespaced_install_grants_roles_in_the_watched_namespaces_only() -> R
     Ok(())
 }
 
+/// Installs the chart's RBAC, ServiceAccount and Service (no replicas: the Deployment's Pods
+/// cannot run here, so replicas run as local processes) with `values`, and returns a
+/// kubeconfig authenticating as the release's ServiceAccount.
+fn install_without_replicas(env: &TestEnv, release: &str, values: &[&str]) -> Result<PathBuf> {
+    run(
+        helm(env)?
+            .args(["install", release])
+            .arg(chart())
+            .args([
+                "-n",
+                &env.namespace,
+                "--set",
+                "replicaCount=0",
+                "--skip-crds",
+            ])
+            .args(values),
+        None,
+    )?;
+    service_account_kubeconfig(env, &format!("{release}-myresource-operator"))
+}
+
+/// The log lines of requests the API server refused (403 Forbidden), by replica.
+fn forbidden(replicas: &[Operator]) -> String {
+    replicas
+        .iter()
+        .flat_map(|r| {
+            r.log()
+                .lines()
+                .filter(|l| l.to_lowercase().contains("forbidden"))
+                .map(|l| format!("{}: {l}\n", r.config.identity))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Asserts that no replica's log shows a request the API server refused.
+fn assert_nothing_forbidden(replicas: &[Operator]) {
+    let refused = forbidden(replicas);
+    assert!(refused.is_empty(), "forbidden requests:\n{refused}");
+}
+
+/// The alert rules as the chart renders them with `values` (the PrometheusRule's spec): a
+/// rule file for promtool and Prometheus.
+fn rendered_rules(values: &[&str]) -> Result<String> {
+    let rendered = run(
+        helm_offline()?
+            .args(["template", "rules"])
+            .arg(chart())
+            .args(["--show-only", "templates/prometheusrule.yaml"])
+            .args(["--set", "metrics.prometheusRule.enabled=true"])
+            .args(values),
+        None,
+    )?;
+    let spec: Vec<&str> = rendered
+        .lines()
+        .skip_while(|l| *l != "spec:")
+        .skip(1)
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect();
+    if spec.is_empty() {
+        bail!("no spec in the rendered PrometheusRule:\n{rendered}");
+    }
+    Ok(spec.join("\n") + "\n")
+}
+
+/// The expression of each alert in a rule file, by alert name.
+fn alert_exprs(rules: &str) -> BTreeMap<String, String> {
+    let mut exprs = BTreeMap::new();
+    let mut alert = None;
+    for line in rules.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert: ") {
+            alert = Some(name.to_string());
+        } else if let Some(expr) = line.strip_prefix("expr: ") {
+            exprs.insert(alert.take().unwrap_or_default(), expr.to_string());
+        }
+    }
+    exprs
+}
+
+/// One dashboard query, with the panel it feeds.
+struct PanelQuery {
+    title: String,
+    /// Whether the panel is in the "Scale-out" row (empty in single-Lease mode).
+    scale_out: bool,
+    expr: String,
+}
+
+/// Every panel's queries, with the dashboard's variables set to this test's replicas (Lease
+/// group `myresource-operator`, the replicas' `--lease-name`).
+fn dashboard_queries(namespace: &str) -> Result<Vec<PanelQuery>> {
+    let dashboard: Value = serde_json::from_slice(&std::fs::read(
+        workspace_root().join("dashboards/myresource-operator.json"),
+    )?)?;
+    let mut queries = Vec::new();
+    let mut scale_out = false;
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        let title = panel["title"].as_str().context("a panel's title")?;
+        if panel["type"] == "row" {
+            scale_out = title.starts_with("Scale-out");
+            continue;
+        }
+        for target in panel["targets"].as_array().context("a panel's targets")? {
+            let expr = target["expr"]
+                .as_str()
+                .context("a target's expr")?
+                .replace("$__rate_interval", "30s")
+                .replace("$job", "myresource-operator")
+                .replace("$namespace", namespace)
+                .replace("$pod", ".*")
+                .replace("$lease", "myresource-operator");
+            queries.push(PanelQuery {
+                title: title.to_string(),
+                scale_out,
+                expr,
+            });
+        }
+    }
+    Ok(queries)
+}
+
+/// Every dashboard query evaluates; each returns data unless it is a scale-out panel and
+/// the replicas run with one Lease.
+async fn check_dashboard(prometheus: &Prometheus, namespace: &str, scale_out: bool) -> Result<()> {
+    let queries = dashboard_queries(namespace)?;
+    assert!(queries.iter().any(|q| q.scale_out), "no scale-out panels");
+    for q in &queries {
+        if q.scale_out && !scale_out {
+            prometheus
+                .query(&q.expr)
+                .await
+                .with_context(|| format!("panel {:?}", q.title))?;
+            continue;
+        }
+        poll(
+            &format!("data for panel {:?}: {}", q.title, q.expr),
+            Duration::from_secs(60),
+            || async {
+                let result = prometheus.query(&q.expr).await?;
+                Ok((!result.is_empty()).then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The leadership alert (`alert`) of the rules Prometheus runs is inactive: once the
+/// replicas' series are scraped, every Lease (or shard Lease) has a leader.
+async fn assert_leader_alert_inactive(
+    prometheus: &Prometheus,
+    rules: &str,
+    alert: &str,
+) -> Result<()> {
+    let exprs = alert_exprs(rules);
+    assert!(
+        exprs.contains_key(alert) && exprs.len() == 4,
+        "{alert} among the rendered rules: {exprs:?}"
+    );
+    poll(
+        &format!("{alert} inactive"),
+        Duration::from_secs(60),
+        || async {
+            Ok((prometheus.alert_state(alert).await?.as_deref() == Some("inactive")).then_some(()))
+        },
+    )
+    .await?;
+    for (name, expr) in &exprs {
+        let result = prometheus
+            .query(expr)
+            .await
+            .with_context(|| format!("alert {name}: {expr}"))?;
+        if name == alert {
+            assert!(result.is_empty(), "{alert} would fire: {result:?}");
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn replicas_with_the_charts_rbac_are_scraped_by_prometheus() -> Result<()> {
     let env = harness::setup("chart-rbac").await?;
-    let release = "rbac";
     let ns = env.namespace.clone();
-    // RBAC, ServiceAccount and Service from the chart; the Deployment's Pods cannot run here,
-    // so the replicas run as local processes with the ServiceAccount's token.
-    run(
-        helm(&env)?.args(["install", release]).arg(chart()).args([
-            "-n",
-            &ns,
-            "--set",
-            "replicaCount=0",
-            "--skip-crds",
-        ]),
-        None,
-    )?;
-    let kubeconfig = service_account_kubeconfig(&env, "rbac-myresource-operator")?;
+    let kubeconfig = install_without_replicas(&env, "rbac", &[])?;
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
         let mut config = env.operator_config(name, &["--lease-name=myresource-operator"]);
@@ -504,14 +723,7 @@ async fn replicas_with_the_charts_rbac_are_scraped_by_prometheus() -> Result<()>
             .is_some_and(|h| h.starts_with(&ns)),
         "a replica leads"
     );
-    for r in &replicas {
-        assert!(
-            !r.log().contains("forbidden"),
-            "{} hit a forbidden request:\n{}",
-            r.config.identity,
-            r.log()
-        );
-    }
+    assert_nothing_forbidden(&replicas);
     // … and anything outside them is denied.
     let sa_client = e2e::cluster::client_for(&kubeconfig).await?;
     let err = Api::<Secret>::namespaced(sa_client, &ns)
@@ -523,8 +735,9 @@ async fn replicas_with_the_charts_rbac_are_scraped_by_prometheus() -> Result<()>
         "{err:?}"
     );
 
-    // A real Prometheus scrapes the three replicas.
-    let prometheus = Prometheus::start(&env, &replicas).await?;
+    // A real Prometheus scrapes the three replicas and runs the chart's rules.
+    let rules = rendered_rules(&[])?;
+    let prometheus = Prometheus::start(&env, &replicas, &rules).await?;
     for i in 0..5 {
         mrs.patch(
             &format!("r{i}"),
@@ -534,49 +747,142 @@ async fn replicas_with_the_charts_rbac_are_scraped_by_prometheus() -> Result<()>
         .await?;
     }
     prometheus.check_rules()?;
-    let dashboard: Value = serde_json::from_slice(&std::fs::read(
-        workspace_root().join("dashboards/myresource-operator.json"),
-    )?)?;
-    let mut queries = Vec::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"]
-                .as_str()
-                .unwrap()
-                .replace("$__rate_interval", "30s")
-                .replace("$job", "myresource-operator")
-                .replace("$namespace", &ns)
-                .replace("$pod", ".*");
-            queries.push((panel["title"].as_str().unwrap().to_string(), expr));
-        }
+    check_dashboard(&prometheus, &ns, false).await?;
+    assert_leader_alert_inactive(&prometheus, &rules, "MyResourceOperatorNoLeader").await?;
+    // The same rule for a Lease nobody holds fires.
+    let elsewhere = alert_exprs(&rendered_rules(&[
+        "--set",
+        "leaderElection.leaseName=nobody",
+    ])?);
+    assert!(
+        !prometheus
+            .query(&elsewhere["MyResourceOperatorNoLeader"])
+            .await?
+            .is_empty(),
+        "no alert for a Lease without a leader"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn scale_out_replicas_with_the_charts_rbac_hold_every_shard() -> Result<()> {
+    const SHARDS: usize = 4;
+    let env = harness::setup("chart-scaleout").await?;
+    let ns = env.namespace.clone();
+    let leases = format!("sharding.leases={SHARDS}");
+    let kubeconfig = install_without_replicas(&env, "sharded", &["--set", &leases])?;
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        let mut config = env.operator_config(
+            name,
+            &[
+                "--lease-name=myresource-operator",
+                &format!("--shard-leases={SHARDS}"),
+            ],
+        );
+        config.kubeconfig = kubeconfig.clone();
+        replicas.push(Operator::start(config)?);
     }
-    for (title, expr) in &queries {
-        poll(
-            &format!("data for panel {title:?}: {expr}"),
-            Duration::from_secs(60),
-            || async {
-                let result = prometheus.query(expr).await?;
-                Ok((!result.is_empty()).then_some(()))
-            },
-        )
+    for r in &mut replicas {
+        r.wait_ready().await?;
+    }
+    e2e::objects::create(&env, 12, "scale-out").await?;
+    let ids: Vec<String> = replicas.iter().map(|r| r.config.identity.clone()).collect();
+    let both: Vec<&str> = ids.iter().map(String::as_str).collect();
+    // Every shard Lease held, fairly, each replica warm for its plan; every object converges.
+    let steady = e2e::shards::wait_steady(&env.client, &ns, SHARDS, &both, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("forbidden requests:\n{}", forbidden(&replicas)))?;
+    assert!(
+        steady.holders.iter().all(|h| both.contains(&h.as_str())),
+        "{steady:?}"
+    );
+    e2e::objects::wait_converged(&env, Duration::from_secs(60))
+        .await
+        .with_context(|| format!("forbidden requests:\n{}", forbidden(&replicas)))?;
+    assert_nothing_forbidden(&replicas);
+
+    // A real Prometheus scrapes both and runs the chart's scale-out rules; the shard ownership
+    // panel shows who holds which shard Lease.
+    let rules = rendered_rules(&["--set", &leases])?;
+    let prometheus = Prometheus::start(&env, &replicas, &rules).await?;
+    e2e::objects::set_message(&env, "o0", "scraped").await?;
+    prometheus.check_rules()?;
+    check_dashboard(&prometheus, &ns, true).await?;
+    let ownership = dashboard_queries(&ns)?
+        .into_iter()
+        .find(|q| q.title == "Shard ownership")
+        .context("a Shard ownership panel")?;
+    let expected: BTreeMap<String, String> = (0..SHARDS)
+        .map(|i| {
+            (
+                format!("myresource-operator-{i}"),
+                steady.holders[i].clone(),
+            )
+        })
+        .collect();
+    poll(
+        "the ownership panel to match the Leases",
+        Duration::from_secs(30),
+        || async {
+            let shown: BTreeMap<String, String> = prometheus
+                .query(&ownership.expr)
+                .await?
+                .iter()
+                .map(|s| {
+                    let label = |l: &str| s["metric"][l].as_str().unwrap_or_default().to_string();
+                    (label("name"), label("pod"))
+                })
+                .collect();
+            Ok((shown == expected).then_some(()))
+        },
+    )
+    .await?;
+    assert_leader_alert_inactive(&prometheus, &rules, "MyResourceOperatorShardWithoutLeader")
         .await?;
-    }
-    let alerts = std::fs::read_to_string(chart().join("files/alerts.yaml"))?;
-    for line in alerts
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("expr: "))
-    {
-        prometheus
-            .query(line)
-            .await
-            .with_context(|| format!("alert expression {line}"))?;
-    }
+    // With one shard Lease more than the replicas hold, the same rule fires.
+    let more = alert_exprs(&rendered_rules(&[
+        "--set",
+        &format!("sharding.leases={}", SHARDS + 1),
+    ])?);
+    let fired = prometheus
+        .query(&more["MyResourceOperatorShardWithoutLeader"])
+        .await?;
+    assert!(
+        fired.len() == 1
+            && fired[0]["value"][1].as_str().and_then(|v| v.parse().ok()) == Some(SHARDS),
+        "{SHARDS} of {} shards led: {fired:?}",
+        SHARDS + 1
+    );
+
+    // Leaving deletes the member Lease and hands every shard to the other replica.
+    replicas[0].stop();
+    e2e::shards::wait_steady(
+        &env.client,
+        &ns,
+        SHARDS,
+        &both[1..],
+        Duration::from_secs(60),
+    )
+    .await?;
+    let member = myresource_operator::membership::member_lease("myresource-operator", both[0]);
+    assert!(
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(env.client.clone(), &ns)
+            .get_opt(&member)
+            .await?
+            .is_none(),
+        "{member} left behind"
+    );
+    e2e::objects::set_message(&env, "o1", "one replica").await?;
+    e2e::objects::wait_converged(&env, Duration::from_secs(60)).await?;
+    assert_nothing_forbidden(&replicas);
     Ok(())
 }
 
 struct Prometheus {
     addr: std::net::SocketAddr,
     promtool: PathBuf,
+    rules: PathBuf,
     _process: ProcessGuard,
 }
 
@@ -589,16 +895,20 @@ impl Drop for ProcessGuard {
 }
 
 impl Prometheus {
-    async fn start(env: &TestEnv, replicas: &[Operator]) -> Result<Prometheus> {
+    /// Prometheus scraping `replicas` every second and evaluating the rule file `rules`.
+    async fn start(env: &TestEnv, replicas: &[Operator], rules: &str) -> Result<Prometheus> {
         let (server, promtool) = e2e::binaries::prometheus()?;
         let dir = std::env::temp_dir().join(format!("myresource-e2e-prometheus-{}", env.namespace));
         std::fs::create_dir_all(&dir)?;
+        let rules_file = dir.join("alerts.yaml");
+        std::fs::write(&rules_file, rules)?;
         let targets: Vec<Value> = replicas
             .iter()
             .map(|r| json!({"targets": [r.metrics.to_string()], "labels": {"namespace": env.namespace, "pod": r.config.identity}}))
             .collect();
         let config = json!({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [rules_file],
             "scrape_configs": [{"job_name": "myresource-operator", "static_configs": targets}]
         });
         std::fs::write(
@@ -626,10 +936,11 @@ impl Prometheus {
         let prometheus = Prometheus {
             addr,
             promtool,
+            rules: rules_file,
             _process: ProcessGuard(process),
         };
         poll(
-            "Prometheus ready with 3 targets up",
+            &format!("Prometheus ready with {} targets up", replicas.len()),
             Duration::from_secs(60),
             || async {
                 if !http_get(addr, "/-/ready")
@@ -644,8 +955,8 @@ impl Prometheus {
                     .iter()
                     .filter(|s| s["value"][1] == "1")
                     .count()
-                    == 3)
-                    .then_some(()))
+                    == replicas.len())
+                .then_some(()))
             },
         )
         .await?;
@@ -654,35 +965,65 @@ impl Prometheus {
 
     /// An instant query; fails when Prometheus cannot parse or evaluate it.
     async fn query(&self, expr: &str) -> Result<Vec<Value>> {
-        let encoded: String = expr
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let (code, body) = http_get(self.addr, &format!("/api/v1/query?query={encoded}")).await?;
-        let doc: Value = serde_json::from_str(&body).with_context(|| format!("{code}: {body}"))?;
-        if doc["status"] != "success" {
-            bail!("query {expr} failed: {body}");
-        }
+        let doc = self
+            .api(&format!("/api/v1/query?query={}", encoded(expr)))
+            .await?;
         Ok(doc["data"]["result"]
             .as_array()
             .cloned()
             .unwrap_or_default())
     }
 
+    /// The state of alerting rule `alert` (inactive, pending, firing) once Prometheus has
+    /// evaluated it and found it healthy; `None` before.
+    async fn alert_state(&self, alert: &str) -> Result<Option<String>> {
+        let doc = self.api("/api/v1/rules?type=alert").await?;
+        let rule = doc["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .find(|r| r["name"] == alert)
+            .with_context(|| format!("no rule {alert} loaded: {doc}"))?;
+        match rule["health"].as_str() {
+            Some("ok") => Ok(rule["state"].as_str().map(String::from)),
+            Some("unknown") => Ok(None),
+            _ => bail!("rule {alert} is unhealthy: {rule}"),
+        }
+    }
+
+    /// A GET of the HTTP API; fails unless it answers `"status": "success"`.
+    async fn api(&self, path: &str) -> Result<Value> {
+        let (code, body) = http_get(self.addr, path).await?;
+        let doc: Value = serde_json::from_str(&body).with_context(|| format!("{code}: {body}"))?;
+        if doc["status"] != "success" {
+            bail!("{path} failed: {body}");
+        }
+        Ok(doc)
+    }
+
+    /// promtool's verdict on the rule file this Prometheus runs.
     fn check_rules(&self) -> Result<()> {
         run(
             Command::new(&self.promtool)
                 .args(["check", "rules"])
-                .arg(chart().join("files/alerts.yaml")),
+                .arg(&self.rules),
             None,
         )?;
         Ok(())
     }
+}
+
+/// Percent-encodes a query parameter.
+fn encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[test]
