@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::watcher::{self, Event};
@@ -215,6 +215,9 @@ pub struct Membership {
     pub intent: watch::Sender<Intent>,
     pub reachability: Reachability,
     pub metrics: Arc<Metrics>,
+    /// In a Pod: the ServiceAccount that owns the member Lease (as it owns the shard
+    /// Leases), so `helm uninstall` removes a crashed replica's too.
+    pub owner: Option<OwnerReference>,
 }
 
 impl Membership {
@@ -379,6 +382,7 @@ impl Membership {
                     format_shards(warm),
                 )])),
                 resource_version: current.as_ref().and_then(|l| l.resource_version()),
+                owner_references: self.owner.clone().map(|o| vec![o]),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
