@@ -138,7 +138,7 @@ pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) ->
 }
 
 /// Percent-encodes a query parameter's value.
-fn encode_query_value(value: &str) -> String {
+pub fn encode_query_value(value: &str) -> String {
     value
         .bytes()
         .map(|b| match b {

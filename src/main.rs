@@ -95,24 +95,16 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     ));
     let echoes = Arc::new(Echoes::default());
     let sink = Arc::new(EchoFilter::new(echoes.clone(), controller.clone()));
-    let caches = match shard_key {
-        None => cache::start(
-            clients.reconcile.clone(),
-            &args.namespaces,
-            sink,
-            &clients.reachability,
-        ),
-        Some(key) => {
-            let caches = cache::start_sharded(
-                clients.reconcile.clone(),
-                &args.namespaces,
-                sink,
-                &clients.reachability,
-            );
-            controller.route_by_uid(key, caches.clone());
-            caches
-        }
-    };
+    let caches = cache::start(
+        clients.reconcile.clone(),
+        &args.namespaces,
+        sink,
+        &clients.reachability,
+        shard_key.is_some(),
+    );
+    if let Some(key) = shard_key {
+        controller.route_by_uid(key, caches.clone());
+    }
     metrics.observe_state({
         let (controller, caches) = (controller.clone(), caches.clone());
         move || State {

@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use myresource_operator::kubeclient::encode_query_value;
 use serde_json::{Value, json};
 
 use crate::cluster::free_port;
@@ -83,10 +84,10 @@ impl JaegerApi {
     pub async fn traces(&self, service: &str, operation: Option<&str>) -> Result<Vec<Value>> {
         let mut path = format!(
             "/api/traces?service={}&limit=1000&lookback=1h",
-            encode(service)
+            encode_query_value(service)
         );
         if let Some(op) = operation {
-            path.push_str(&format!("&operation={}", encode(op)));
+            path.push_str(&format!("&operation={}", encode_query_value(op)));
         }
         let (code, body) = http_get(self.addr, &path).await?;
         if code != 200 {
@@ -105,17 +106,4 @@ impl JaegerApi {
         let doc: Value = serde_json::from_str(&body)?;
         Ok(doc["data"][0].clone())
     }
-}
-
-/// Percent-encodes a query parameter value.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

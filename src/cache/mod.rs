@@ -17,8 +17,14 @@
 //! period of the election's first successful request, not at the backoff's cap (client-go's
 //! reflectors wait out the same 30 s cap).
 //!
+//! In scale-out mode ([`crate::scaleout`]) MyResources and ConfigMaps are watched per shard
+//! ([`Caches::watch_shards`]): a shard's MyResource watch carries the API server's
+//! `shardSelector` (or, where that is not served, lists everything and keeps the shard's),
+//! its ConfigMap watch selects the shard's bucket labels; each shard has its own stores and
+//! its own "listed" flag ([`Caches::warm_shards`]). The slim Pod index stays whole.
+//!
 //! Parts: `reflect` (the one loop every watch runs through, and the reflector store as a
-//! mirror of it), `store` (a reflector store per watched namespace), `pods` (the slim Pod
+//! mirror of it), `store` (a reflector store per watched scope: namespace, and shard), `pods` (the slim Pod
 //! index as a mirror), `retry` (a watch's failures retried, cut short by the API server's
 //! return); here: what the caches report, and the wiring.
 
@@ -140,7 +146,7 @@ pub struct Caches {
 
 impl Caches {
     /// Whether every initial list of the replica-wide watches has completed (all watches;
-    /// in scale-out mode the Pod index, see [`start_sharded`]).
+    /// in scale-out mode the Pod index, see [`start`]).
     pub fn synced(&self) -> bool {
         *self.synced.borrow()
     }
@@ -331,32 +337,30 @@ fn scopes_of(namespaces: &[String]) -> Vec<Option<String>> {
     }
 }
 
-fn wiring(
+/// Starts the watchers (per resource and watched namespace; all namespaces when
+/// `namespaces` is empty) and returns the caches. The watchers run until the process ends.
+///
+/// `sharded` (scale-out mode): only the slim Pod index starts here (labelled Pods are not
+/// ours to label, so the server cannot shard them); MyResources and ConfigMaps are watched
+/// per shard, as [`Caches::watch_shards`] says, and [`Caches::synced`] is the Pod index's
+/// first list.
+pub fn start(
     client: Client,
     namespaces: &[String],
     sink: Arc<dyn Sink>,
     reachability: &Reachability,
-) -> Arc<Wiring> {
-    Arc::new(Wiring {
+    sharded: bool,
+) -> Caches {
+    let wiring = Arc::new(Wiring {
         client,
         namespaces: scopes_of(namespaces),
         sink,
         reachability: reachability.clone(),
         shards: Mutex::default(),
         warmed: watch::channel(0).0,
-    })
-}
-
-/// Starts the watchers (per resource and watched namespace; all namespaces when
-/// `namespaces` is empty) and returns the caches. The watchers run until the process ends.
-pub fn start(
-    client: Client,
-    namespaces: &[String],
-    sink: Arc<dyn Sink>,
-    reachability: &Reachability,
-) -> Caches {
-    let wiring = wiring(client, namespaces, sink, reachability);
-    let (gate, synced) = SyncGate::new(3 * wiring.namespaces.len());
+    });
+    let kinds = if sharded { 1 } else { 3 };
+    let (gate, synced) = SyncGate::new(kinds * wiring.namespaces.len());
     let caches = Caches {
         myresources: NamespacedStore::default(),
         configmaps: NamespacedStore::default(),
@@ -365,36 +369,14 @@ pub fn start(
         wiring: wiring.clone(),
     };
     for namespace in &wiring.namespaces {
-        let scope = Scope {
-            namespace: namespace.clone(),
-            shard: None,
-        };
-        caches.watch_myresources(scope.clone(), &gate);
-        caches.watch_configmaps(scope, &gate);
-        caches.watch_pods(namespace.clone(), &gate);
-    }
-    caches
-}
-
-/// Scale-out mode: starts only the slim Pod index (labelled Pods are not ours to label,
-/// so the server cannot shard them); MyResources and ConfigMaps are watched per shard, as
-/// [`Caches::watch_shards`] says. [`Caches::synced`] is the Pod index's first list.
-pub fn start_sharded(
-    client: Client,
-    namespaces: &[String],
-    sink: Arc<dyn Sink>,
-    reachability: &Reachability,
-) -> Caches {
-    let wiring = wiring(client, namespaces, sink, reachability);
-    let (gate, synced) = SyncGate::new(wiring.namespaces.len());
-    let caches = Caches {
-        myresources: NamespacedStore::default(),
-        configmaps: NamespacedStore::default(),
-        pods: PodIndex::default(),
-        synced,
-        wiring: wiring.clone(),
-    };
-    for namespace in &wiring.namespaces {
+        if !sharded {
+            let scope = Scope {
+                namespace: namespace.clone(),
+                shard: None,
+            };
+            caches.watch_myresources(scope.clone(), &gate);
+            caches.watch_configmaps(scope, &gate);
+        }
         caches.watch_pods(namespace.clone(), &gate);
     }
     caches
