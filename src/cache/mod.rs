@@ -195,15 +195,20 @@ impl Caches {
             .filter(|i| !wanted.contains(i))
             .copied()
             .collect();
+        let mut stopped = Vec::new();
         for index in gone {
             let (tasks, _) = shards.remove(&index).expect("listed");
-            for task in tasks {
+            for task in &tasks {
                 task.abort();
             }
+            stopped.extend(tasks);
             let in_shard = |scope: &Scope| scope.shard.is_some_and(|s| s.index == index);
             self.myresources.remove(in_shard);
             self.configmaps.remove(in_shard);
             info!(shard = index, "stopped caching the shard");
+        }
+        if !stopped.is_empty() {
+            tokio::spawn(release_freed(stopped));
         }
         for &index in wanted {
             if shards.contains_key(&index) {
@@ -314,6 +319,22 @@ impl Caches {
         let mirror = PodMirror::new(namespace, self.pods.clone());
         let (sink, gate) = (w.sink.clone(), gate.clone());
         tokio::spawn(reflect(events, mirror, Trigger::Pod, sink, gate))
+    }
+}
+
+/// Once the aborted watch tasks are gone (and with them the last references to their
+/// objects), gives the freed memory back to the system: glibc's allocator keeps it
+/// otherwise, and a replica that cached every shard for a moment (the first of a group, at
+/// start) would keep the resident memory of all of them.
+async fn release_freed(tasks: Vec<JoinHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
+    }
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free heap memory to the system; it has no
+    // preconditions and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
