@@ -12,23 +12,24 @@ pub(super) struct Report {
 }
 
 impl Report {
-    /// An empty report: the Markdown heading and the machine.
+    /// An empty report: the Markdown heading, the machine and the command.
     pub(super) fn new() -> Report {
-        let mut report = Report::titled("Benchmark report");
-        report.md[2].push_str("; command: `cargo xtask bench`");
-        report
+        Report::titled("Benchmark report")
     }
 
-    /// An empty report under the heading `title`, with the machine.
+    /// An empty report under the heading `title`, with the machine and the command
+    /// that produced it (the xtask's own arguments, so a rerun reproduces it).
     pub(super) fn titled(title: &str) -> Report {
+        let args: Vec<String> = std::env::args().skip(1).collect();
         Report {
             json: serde_json::Map::new(),
             md: vec![
                 format!("# {title}"),
                 String::new(),
                 format!(
-                    "Machine: {} cores",
-                    std::thread::available_parallelism().map_or(0, |n| n.get())
+                    "Machine: {} cores; command: `cargo xtask {}`",
+                    std::thread::available_parallelism().map_or(0, |n| n.get()),
+                    args.join(" ")
                 ),
                 String::new(),
             ],
