@@ -353,8 +353,6 @@ impl Membership {
             *current = intent;
             true
         });
-        self.caches
-            .watch_shards(&cached, self.key, self.server_side);
     }
 
     /// Creates or renews the member Lease, naming the warm shards.
