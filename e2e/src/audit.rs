@@ -164,18 +164,28 @@ pub struct Handovers {
 
 /// The handovers among `terms` (from [`acquisitions`]) begun at or after `from`.
 pub fn handovers(terms: &[Acquisition], from: Timestamp) -> Handovers {
-    let terms: Vec<&Acquisition> = terms.iter().filter(|t| t.at >= from).collect();
-    let longest_gap = terms
-        .windows(2)
-        .filter(|w| w[0].holder.is_empty() && !w[1].holder.is_empty())
-        .map(|w| w[1].at.duration_since(w[0].at).unsigned_abs())
+    let longest_gap = release_gaps(terms, from, Timestamp::MAX)
+        .into_iter()
         .max()
         .unwrap_or_default();
+    let terms: Vec<&Acquisition> = terms.iter().filter(|t| t.at >= from).collect();
     Handovers {
         moves: terms.iter().filter(|t| !t.holder.is_empty()).count(),
         longest_gap,
         last_holder: terms.last().map(|t| t.holder.clone()).unwrap_or_default(),
     }
+}
+
+/// For each release among `terms` (from [`acquisitions`]) made in `[from, until]` and
+/// followed by an acquisition: the time from the release to that acquisition (a graceful
+/// handover's leaderless gap, on the API server's clock).
+pub fn release_gaps(terms: &[Acquisition], from: Timestamp, until: Timestamp) -> Vec<Duration> {
+    terms
+        .windows(2)
+        .filter(|w| w[0].holder.is_empty() && !w[1].holder.is_empty())
+        .filter(|w| (from..=until).contains(&w[0].at))
+        .map(|w| w[1].at.duration_since(w[0].at).unsigned_abs())
+        .collect()
 }
 
 /// Successful writes to MyResources (any subresource), ConfigMaps or Events in `namespace`
@@ -325,6 +335,41 @@ mod tests {
                 (Some("a"), "events", at(6).parse().unwrap()),
                 (Some("a"), "myresources", at(7).parse().unwrap()),
             ]
+        );
+    }
+
+    #[test]
+    fn release_gaps_count_releases_in_the_window_followed_by_an_acquisition() {
+        let term = |holder: &str, at: &str| Acquisition {
+            holder: holder.into(),
+            at: at.parse().unwrap(),
+        };
+        let terms = [
+            term("a", "2026-01-01T00:00:00Z"),
+            term("", "2026-01-01T00:00:01Z"),
+            term("b", "2026-01-01T00:00:01.250Z"),
+            term("", "2026-01-01T00:00:05Z"),
+            term("c", "2026-01-01T00:00:05.040Z"),
+            // Released with no successor: no gap.
+            term("", "2026-01-01T00:00:09Z"),
+        ];
+        let all = |s: &str| s.parse::<Timestamp>().unwrap();
+        assert_eq!(
+            release_gaps(&terms, all("2026-01-01T00:00:00Z"), Timestamp::MAX),
+            [Duration::from_millis(250), Duration::from_millis(40)]
+        );
+        assert_eq!(
+            release_gaps(
+                &terms,
+                all("2026-01-01T00:00:02Z"),
+                all("2026-01-01T00:00:06Z")
+            ),
+            [Duration::from_millis(40)]
+        );
+        let h = handovers(&terms, all("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            (h.moves, h.longest_gap, h.last_holder.as_str()),
+            (3, Duration::from_millis(250), "")
         );
     }
 }

@@ -48,6 +48,23 @@ fn median(values: &[f64]) -> f64 {
     e2e::stats::percentile(values, 50.0)
 }
 
+fn in_ms(gaps: Vec<Duration>) -> Vec<f64> {
+    gaps.iter().map(|d| d.as_secs_f64() * 1000.0).collect()
+}
+
+/// "median X ms (max Y ms, n = K)".
+fn milliseconds(values: &[f64]) -> String {
+    if values.is_empty() {
+        return "none seen in the audit log".into();
+    }
+    format!(
+        "median {:.0} ms (max {:.0} ms, n = {})",
+        median(values),
+        values.iter().cloned().fold(0.0, f64::max),
+        values.len()
+    )
+}
+
 /// One change phase: wall time, reconciles per replica, resident memory per replica.
 struct Phase {
     seconds: f64,
@@ -79,9 +96,18 @@ impl Bench {
         wait_for_holder(&self.client, &ns, None, LIMIT).await?;
         self.change_phase(&ns, n, &[&single], "cold").await?;
         let baseline = self.change_phase(&ns, n, &[&single], "single").await?;
-        single.stop();
+        let single_gaps = self.single_handovers(&ns, single, rounds).await?;
         let single_rss = baseline.rss[0];
         self.report_phase("single Lease", &baseline, single_rss, n, &ceiling);
+
+        self.report.record(
+            "single_lease_handover",
+            json!({"gaps_ms": single_gaps}),
+            format!(
+                "the single Lease's SIGTERM handover, {rounds} times (a warm replica waiting): release → the next holder's acquisition {}",
+                milliseconds(&single_gaps)
+            ),
+        );
 
         let mut rows = Vec::new();
         for replicas in 1..=4 {
@@ -120,6 +146,30 @@ impl Bench {
         }
         self.report.insert("scale_out", json!(rows));
         self.shard_key_spread(&ns, key).await
+    }
+
+    /// The single Lease's SIGTERM handover, `rounds` times: a second replica warms up, then
+    /// the leader is stopped. Returns, from the audit log, the milliseconds from each
+    /// release to the successor's acquisition.
+    async fn single_handovers(
+        &self,
+        ns: &str,
+        mut leader: Operator,
+        rounds: usize,
+    ) -> Result<Vec<f64>> {
+        eprintln!("==> the single Lease's SIGTERM handover, {rounds} times");
+        let from = Timestamp::now();
+        for round in 0..rounds {
+            let mut next = self.replica(ns, &format!("single-{round}"), &DEFAULT_TIMINGS)?;
+            next.wait_ready().await?;
+            leader.stop();
+            wait_for_holder(&self.client, ns, Some(&leader.config.identity), LIMIT).await?;
+            leader = next;
+        }
+        leader.stop();
+        let events = audit::read(&self.cluster.audit_log)?;
+        let terms = audit::acquisitions(&events, ns, e2e::lease::NAME);
+        Ok(in_ms(audit::release_gaps(&terms, from, Timestamp::now())))
     }
 
     fn scaled(&self, ns: &str, identity: &str, shards: usize) -> Result<Operator> {
@@ -240,6 +290,8 @@ impl Bench {
         let shard_of = shards::shard_by_name(&self.client, ns, key).await?;
         let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), ns);
         let (mut killed, mut joins, mut leaves) = (Vec::new(), Vec::new(), Vec::new());
+        // When each join and leave began and ended: the shard handovers inside them.
+        let (mut join_spans, mut leave_spans) = (Vec::new(), Vec::new());
         let mut takeovers = Vec::new();
         for round in 0..rounds {
             eprintln!("==> round {}/{rounds}: kill, join, leave", round + 1);
@@ -291,19 +343,21 @@ impl Bench {
             dead.stop();
 
             let mut joiner = self.scaled(ns, &format!("join-{round}"), shards)?;
-            let started = Instant::now();
+            let (at, started) = (Timestamp::now(), Instant::now());
             joiner.wait_ready().await?;
             ops.push(joiner);
             let live: Vec<&Operator> = ops.iter().collect();
             self.steady(ns, shards, &live).await?;
             joins.push(started.elapsed().as_secs_f64());
+            join_spans.push((at, Timestamp::now()));
 
             let mut leaving = ops.remove(0);
-            let started = Instant::now();
+            let (at, started) = (Timestamp::now(), Instant::now());
             leaving.stop();
             let live: Vec<&Operator> = ops.iter().collect();
             self.steady(ns, shards, &live).await?;
             leaves.push(started.elapsed().as_secs_f64());
+            leave_spans.push((at, Timestamp::now()));
 
             let mut back = self.scaled(ns, &format!("back-{round}"), shards)?;
             back.wait_ready().await?;
@@ -323,6 +377,19 @@ impl Bench {
                 lists += shards::shard_lists(&events, key, *shard, taker, *at, taken).len();
             }
         }
+        let gaps = |spans: &[(Timestamp, Timestamp)]| {
+            in_ms(
+                spans
+                    .iter()
+                    .flat_map(|(from, until)| {
+                        terms
+                            .iter()
+                            .flat_map(|t| audit::release_gaps(t, *from, *until))
+                    })
+                    .collect(),
+            )
+        };
+        let (join_gaps, leave_gaps) = (gaps(&join_spans), gaps(&leave_spans));
         let s = |v: &[f64]| {
             format!(
                 "median {:.1} s (min {:.1}, max {:.1})",
@@ -333,12 +400,18 @@ impl Bench {
         };
         self.report.record(
             "scale_out_lifecycle",
-            json!({"killed_seconds": killed, "join_seconds": joins, "leave_seconds": leaves, "takeover_lists": lists}),
+            json!({
+                "killed_seconds": killed, "join_seconds": joins, "leave_seconds": leaves,
+                "takeover_lists": lists,
+                "join_handover_gaps_ms": join_gaps, "leave_handover_gaps_ms": leave_gaps,
+            }),
             format!(
-                "three replicas, {rounds} rounds (lease 15 s, retry 2 s): a SIGKILLed replica's shards reconciled again after {}; LISTs of a taken shard by its new holder before its term: {lists}; a join rebalanced (shards divided, every cache warm) after {}; a graceful leave after {}",
+                "three replicas, {rounds} rounds (lease 15 s, retry 2 s): a SIGKILLed replica's shards reconciled again after {}; LISTs of a taken shard by its new holder before its term: {lists}; a join rebalanced (shards divided, every cache warm) after {}; a graceful leave after {}; each shard's handover, release → the next holder's acquisition: at a join {}, at a leave {}",
                 s(&killed),
                 s(&joins),
-                s(&leaves)
+                s(&leaves),
+                milliseconds(&join_gaps),
+                milliseconds(&leave_gaps)
             ),
         );
         Ok(())
