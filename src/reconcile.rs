@@ -309,21 +309,8 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
 
     let mut change = None;
     if let ConfigMapState::Stale { uid } = &state {
-        // Delete exactly that ConfigMap (uid precondition), then create ours below.
-        ctx.fence.check()?;
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid.clone()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match configmaps.delete(&key.name, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(err) => return Err(err.into()),
-        }
-        info!(myresource = %key, "deleted a ConfigMap left by an earlier MyResource of this name");
+        // Delete exactly that ConfigMap, then create ours below.
+        delete_stale(ctx, key, &configmaps, uid).await?;
         state = ConfigMapState::Missing;
     }
     if state == ConfigMapState::Missing {
@@ -349,8 +336,15 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
                         apply(ctx, key, &configmaps, &desired, existing.as_ref()).await?;
                         change = Some(("ConfigMapUpdated", "updated"));
                     }
-                    // Gone again, or a leftover: look again once the cache has caught up.
-                    ConfigMapState::Missing | ConfigMapState::Stale { .. } => {
+                    // A leftover our cache does not show: in scale-out mode it carries the
+                    // earlier owner's shard bucket, so this shard's cache never will.
+                    // Delete it now; the next pass creates ours.
+                    ConfigMapState::Stale { uid } => {
+                        delete_stale(ctx, key, &configmaps, &uid).await?;
+                        return Ok(Outcome::RequeueAfter(Duration::from_millis(200)));
+                    }
+                    // Gone again: look again once the cache has caught up.
+                    ConfigMapState::Missing => {
                         return Ok(Outcome::RequeueAfter(Duration::from_millis(200)));
                     }
                     ConfigMapState::UpToDate
@@ -418,6 +412,31 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
 /// Server-side applies the desired ConfigMap over `existing`, with its resourceVersion as a
 /// precondition: if the ConfigMap changed since it was read (another writer, or a stale
 /// cache), the apply conflicts and the key is retried instead of overwriting.
+/// Deletes the ConfigMap of `key`'s name left by an earlier MyResource of that name: exactly
+/// that object (uid precondition), so a ConfigMap created since is never deleted.
+async fn delete_stale(
+    ctx: &Context,
+    key: &ObjectKey,
+    configmaps: &Api<ConfigMap>,
+    uid: &str,
+) -> Result<(), Error> {
+    ctx.fence.check()?;
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match configmaps.delete(&key.name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(err) => return Err(err.into()),
+    }
+    info!(myresource = %key, "deleted a ConfigMap left by an earlier MyResource of this name");
+    Ok(())
+}
+
 async fn apply(
     ctx: &Context,
     key: &ObjectKey,

@@ -2,7 +2,9 @@
 //! `shardSelector` and on one that does not: three replicas split six shards and all
 //! reconcile; a fourth joins and the shards rebalance; one is SIGKILLed and its shards move
 //! to their warm standbys with no LIST; the group shrinks to one, which leads every shard.
-//! Throughout, the audit log shows no write by a replica outside its shard's term.
+//! Throughout, the audit log shows no write by a replica outside its shard's term. On the
+//! way, a ConfigMap left by an earlier MyResource of a name, outside every shard's cache, is
+//! replaced by the new MyResource's.
 //! Lease timings: 4 s / 3 s / 1 s.
 
 use std::time::{Duration, Instant};
@@ -14,8 +16,13 @@ use e2e::lease::TEST_TIMINGS;
 use e2e::objects::{create, set_message, wait_converged};
 use e2e::operator::{Operator, http_get};
 use e2e::shards::{self, Snapshot};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use myresource_operator::resource::{MyResource, MyResourceSpec};
 use myresource_operator::shardkey::ShardKey;
+use serde_json::json;
 
 const SHARDS: usize = 6;
 const OBJECTS: usize = 30;
@@ -59,6 +66,40 @@ async fn metric(op: &Operator, series: &str) -> Result<Option<f64>> {
         .and_then(|v| v.parse().ok()))
 }
 
+/// What a deleted MyResource leaves when garbage collection lags: its ConfigMap, controlled
+/// by a MyResource of the same name with another uid. Without a shard bucket label no
+/// shard's cache shows it (a leftover labelled with the earlier owner's bucket is outside
+/// the new owner's shard the same way): the new MyResource's reconcile must find it by
+/// reading, replace it, and converge. Its owner's apiVersion is one the server does not
+/// serve (a CRD version since removed), so the garbage collector cannot judge it and leaves
+/// it to the operator. The object is deleted afterwards.
+async fn leftover_is_replaced(env: &TestEnv) -> Result<()> {
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    let leftover: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "again", "labels": {"app.kubernetes.io/managed-by": "myresource-operator"},
+            "ownerReferences": [{"apiVersion": "trstringer.com/v1alpha1", "kind": "MyResource", "name": "again",
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]},
+        "data": {"message": "old", "someValue": "0"}
+    }))?;
+    cms.create(&PostParams::default(), &leftover).await?;
+    let spec = MyResourceSpec {
+        message: "new".into(),
+        some_value: 2,
+    };
+    let mr = mrs
+        .create(&PostParams::default(), &MyResource::new("again", spec))
+        .await?;
+    wait_converged(env, Duration::from_secs(30)).await?;
+    let owner = cms.get("again").await?.metadata.owner_references;
+    ensure!(
+        owner.as_ref().and_then(|o| o.first()).map(|o| &o.uid) == mr.metadata.uid.as_ref(),
+        "the leftover ConfigMap was not replaced: owners {owner:?}"
+    );
+    mrs.delete("again", &DeleteParams::default()).await?;
+    Ok(())
+}
+
 pub async fn run(env: TestEnv, server_side: bool) -> Result<()> {
     let key = ShardKey::new(SHARDS);
     create(&env, OBJECTS, "v1").await?;
@@ -78,6 +119,7 @@ pub async fn run(env: TestEnv, server_side: bool) -> Result<()> {
             r.config.identity
         );
     }
+    leftover_is_replaced(&env).await?;
 
     // Every replica reconciled its share (status writes by each).
     let log = env.shared.audit_log.as_ref().expect("local cluster");
