@@ -94,6 +94,32 @@ pub fn intent(
     }
 }
 
+/// The shards replica `me` should cache now, holding `held` and caching `caching`: every
+/// shard the plan gives it to lead, every shard it holds, and the shards it stands by for;
+/// but while `defer` (a takeover is pending: see [`takeover_pending`]) a standby shard it
+/// does not cache yet waits, so that its LIST does not compete with the takeover for the
+/// API server and this replica's CPU (a leave hands several shards over at once, and each
+/// survivor starts standing by for others at that very moment).
+pub fn to_cache(
+    plan: &Plan,
+    me: &str,
+    held: &BTreeSet<usize>,
+    caching: &BTreeSet<usize>,
+    defer: bool,
+) -> BTreeSet<usize> {
+    let led = plan.led_by(me);
+    plan.cached_by(me)
+        .into_iter()
+        .filter(|i| !defer || led.contains(i) || caching.contains(i))
+        .chain(held.iter().copied())
+        .collect()
+}
+
+/// Whether `intent` lets this replica acquire a shard it does not hold yet.
+pub fn takeover_pending(intent: &Intent, held: &BTreeSet<usize>) -> bool {
+    !intent.lead.is_subset(held)
+}
+
 /// Members in rendezvous order for `shard`: highest weight first.
 fn rendezvous<'a>(shard: usize, members: impl Iterator<Item = &'a String>) -> Vec<&'a String> {
     let mut ranked: Vec<(u64, &String)> = members
@@ -343,5 +369,46 @@ mod tests {
                 assert!(plan.cached_by(m).contains(&shard));
             }
         }
+    }
+
+    #[test]
+    fn new_standby_caches_wait_for_a_pending_takeover() {
+        // b leaves: a is to lead 0 and 1 (it holds 0, caches 0 and 1) and stand by for 2, 3.
+        let plan = Plan {
+            leaders: vec![
+                Some("a".into()),
+                Some("a".into()),
+                Some("c".into()),
+                Some("c".into()),
+            ],
+            standbys: vec![
+                vec!["c".into()],
+                vec!["c".into()],
+                vec!["a".into()],
+                vec!["a".into()],
+            ],
+        };
+        let held = BTreeSet::from([0]);
+        let caching = BTreeSet::from([0, 1, 2]);
+        let intent = Intent {
+            lead: BTreeSet::from([0, 1]),
+            hand_off: BTreeSet::new(),
+        };
+        assert!(takeover_pending(&intent, &held));
+        assert_eq!(
+            to_cache(&plan, "a", &held, &caching, true),
+            BTreeSet::from([0, 1, 2]),
+            "3 waits; 2, already cached, stays"
+        );
+        assert_eq!(
+            to_cache(&plan, "a", &held, &caching, false),
+            BTreeSet::from([0, 1, 2, 3])
+        );
+        // Led shards are cached even while deferring; held ones are never dropped.
+        assert_eq!(
+            to_cache(&plan, "a", &BTreeSet::from([0, 3]), &BTreeSet::new(), true),
+            BTreeSet::from([0, 1, 3])
+        );
+        assert!(!takeover_pending(&intent, &BTreeSet::from([0, 1])));
     }
 }

@@ -14,7 +14,9 @@
 //! - a member leaving gracefully deletes its member Lease *before* its shards are released,
 //!   so the others plan without it by the time the releases arrive and take them at once;
 //! - this replica caches every shard the plan gives it to lead or stand by for, and every
-//!   shard it still holds; it stops caching a shard only when neither is true any more;
+//!   shard it still holds; it stops caching a shard only when neither is true any more.
+//!   A standby cache it does not have yet may wait (at most a retry period) while a
+//!   takeover is pending, so that its LIST does not slow the takeover down;
 //! - the plan only steers: each shard's safety is its own Lease and fence.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -244,6 +246,8 @@ impl Membership {
         let mut renewed: Option<Instant> = None;
         let mut renew_at = Instant::now();
         let mut failures = Throttle::new(Duration::from_secs(30));
+        // Since when a takeover has been pending (new standby caches wait for it).
+        let mut deferring: Option<Instant> = None;
         let retry = self.timings.retry_period;
         loop {
             let now = Instant::now();
@@ -273,15 +277,18 @@ impl Membership {
                 }
             }
             // Plan only once the group is known: planning alone would cache every shard.
+            let mut replan_by = None;
             if listed {
                 let joined =
                     renewed.is_some_and(|at| Instant::now() < at + self.timings.lease_duration);
-                self.replan(&group, joined);
+                replan_by = self.replan(&group, joined, &mut deferring);
             }
             let wake = group
                 .next_expiry(&self.group, self.timings.lease_duration)
                 .filter(|t| *t > Instant::now())
-                .map_or(renew_at, |t| t.min(renew_at));
+                .into_iter()
+                .chain(replan_by)
+                .fold(renew_at, Instant::min);
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep_until(wake.into()) => {}
@@ -315,7 +322,14 @@ impl Membership {
     }
 
     /// Recomputes the plan: caches what it says, tells the shard elections what they may do.
-    fn replan(&self, group: &Group, joined: bool) {
+    /// While a takeover is pending (since `deferring`), new standby caches wait for it, for
+    /// at most a retry period; returns when that wait ends, if it is on.
+    fn replan(
+        &self,
+        group: &Group,
+        joined: bool,
+        deferring: &mut Option<Instant>,
+    ) -> Option<Instant> {
         let me = joined.then_some(self.identity.as_str());
         let (view, mut warm) = group.view(
             &self.group,
@@ -332,12 +346,25 @@ impl Membership {
             .filter(|(_, l)| l.is_leading())
             .map(|(i, _)| i)
             .collect();
-        let mut cached = plan.cached_by(&self.identity);
-        cached.extend(&held);
-        self.caches
-            .watch_shards(&cached, self.key, self.server_side);
         warm.insert(self.identity.clone(), self.caches.warm_shards());
         let intent = assignment::intent(&plan, &self.identity, &warm, &held);
+        let now = Instant::now();
+        let until = if assignment::takeover_pending(&intent, &held) {
+            Some(*deferring.get_or_insert(now) + self.timings.retry_period)
+        } else {
+            *deferring = None;
+            None
+        };
+        let until = until.filter(|t| now < *t);
+        let cached = assignment::to_cache(
+            &plan,
+            &self.identity,
+            &held,
+            &self.caches.cached_shards(),
+            until.is_some(),
+        );
+        self.caches
+            .watch_shards(&cached, self.key, self.server_side);
         self.metrics
             .shards(held.len(), cached.len(), view.members.len());
         self.intent.send_if_modified(|current| {
@@ -353,6 +380,7 @@ impl Membership {
             *current = intent;
             true
         });
+        until
     }
 
     /// Creates or renews the member Lease, naming the warm shards.

@@ -246,6 +246,12 @@ impl Caches {
         }
     }
 
+    /// The shards being cached (warm or still listing).
+    pub fn cached_shards(&self) -> BTreeSet<usize> {
+        let shards = self.wiring.shards.lock().expect("shard watches lock");
+        shards.keys().copied().collect()
+    }
+
     /// The shards whose caches have completed their first list.
     pub fn warm_shards(&self) -> BTreeSet<usize> {
         let shards = self.wiring.shards.lock().expect("shard watches lock");
