@@ -3,7 +3,7 @@
 //! - `cluster up|down [--dir DIR] [--node]`: a local control plane that outlives the command,
 //!   with a real node when asked; `cluster probe runc|kubelet`: NODE.md's fail-fast checks;
 //! - `test`: every test (unit and end-to-end against a real control plane), eleven seeded
-//!   chaos rounds (one of each fault kind), seven in scale-out mode and six in-cluster ones,
+//!   chaos rounds (one of each fault kind), ten in scale-out mode and six in-cluster ones,
 //!   the demo once with an empty binaries cache (the first-use path), then a check that no
 //!   control-plane process was left behind;
 //! - `bench`: measurements (throughput against the API server's write ceiling, latency,
@@ -269,7 +269,7 @@ fn test(cargo_args: &[String]) -> Result<()> {
         // Pods on a node.
         let runs = [
             &["--rounds", "11"][..],
-            &["--shard-leases", "6", "--rounds", "7"],
+            &["--shard-leases", "6", "--rounds", "10"],
             &["--in-cluster", "--rounds", "6"],
         ];
         for extra in runs {

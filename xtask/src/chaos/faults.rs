@@ -1,6 +1,7 @@
 //! Injecting a round's fault into the replicas, the Lease or the API server, and waiting
 //! for the recovery after it.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -37,7 +38,9 @@ pub(super) struct Hit {
 }
 
 impl Chaos {
-    pub(super) async fn inject(&mut self, fault: Fault, leader: usize) -> Result<Hit> {
+    /// Strikes slot `leader` with `fault`; the Lease faults strike the Lease `lease` (in
+    /// scale-out mode, one of the shard Leases the struck replica holds).
+    pub(super) async fn inject(&mut self, fault: Fault, leader: usize, lease: &str) -> Result<Hit> {
         let mut hit = Hit {
             at: Timestamp::now(),
             leader: self.slots[leader].operator.config.identity.clone(),
@@ -71,12 +74,10 @@ impl Chaos {
                 self.cluster.restart("kube-apiserver").await?;
                 hit.details["restart_seconds"] = started.elapsed().as_secs_f64().into();
             }
-            Fault::LeaseDelete => foreign_lease::delete(&self.leases(), lease::NAME).await?,
-            Fault::LeaseClearHolder => {
-                foreign_lease::clear_holder(&self.leases(), lease::NAME).await?
-            }
+            Fault::LeaseDelete => foreign_lease::delete(&self.leases(), lease).await?,
+            Fault::LeaseClearHolder => foreign_lease::clear_holder(&self.leases(), lease).await?,
             Fault::LeaseRelabelKill => {
-                hit.details["relabels"] = self.relabel_kill(leader).await?.into();
+                hit.details["relabels"] = self.relabel_kill(leader, lease).await?.into();
             }
             Fault::MixedTimings => {
                 let (at, long) = self.mixed_timings(leader).await?;
@@ -95,18 +96,12 @@ impl Chaos {
     }
 
     /// The `lease_relabel_kill` fault: the leader SIGKILLed while a foreign tool relabels
-    /// the Lease; returns how many relabellings succeeded.
-    async fn relabel_kill(&mut self, leader: usize) -> Result<usize> {
+    /// the Lease `name`; returns how many relabellings succeeded.
+    async fn relabel_kill(&mut self, leader: usize, name: &str) -> Result<usize> {
         let leases = self.leases();
+        let name = name.to_string();
         let relabel = tokio::spawn(async move {
-            foreign_lease::relabel(
-                &leases,
-                lease::NAME,
-                RELABEL_EVERY,
-                RELABEL_COUNT,
-                RELABEL_FOR,
-            )
-            .await
+            foreign_lease::relabel(&leases, &name, RELABEL_EVERY, RELABEL_COUNT, RELABEL_FOR).await
         });
         self.restart_slot(leader).await?;
         Ok(relabel.await?)
@@ -221,25 +216,45 @@ impl Chaos {
     }
 
     /// Waits for a live leader and its first reconcile after `fault`; returns the failover
-    /// time in seconds and the leader's slot.
-    pub(super) async fn recover(&self, fault: Timestamp) -> Result<(Option<f64>, usize)> {
+    /// time in seconds and the leader's slot. In scale-out mode the failover lasts until
+    /// every shard in `struck` (those the struck replica held) has had a reconcile after the
+    /// fault, by whichever replica: the other shards never stopped.
+    pub(super) async fn recover(
+        &self,
+        fault: Timestamp,
+        struck: &BTreeSet<usize>,
+    ) -> Result<(Option<f64>, usize)> {
         let leader = self.leader_slot(Duration::from_secs(60)).await?;
+        let slots: Vec<usize> = match self.shards {
+            None => vec![leader],
+            Some(_) => (0..self.slots.len()).collect(),
+        };
         let first = e2e::wait::poll(
-            "the leader's first reconcile after the fault",
+            "the first reconcile after the fault (of each struck shard)",
             Duration::from_secs(30),
             || async {
-                let found = self.slots[leader]
-                    .operator
-                    .log_lines()
-                    .into_iter()
-                    .filter(|l| l["message"] == "reconciled")
-                    .filter_map(|l| {
-                        l["timestamp"]
-                            .as_str()
-                            .and_then(|t| t.parse::<Timestamp>().ok())
-                    })
-                    .find(|t| *t > fault);
-                Ok(found)
+                // Per shard (None without shards), the first reconcile after the fault.
+                let mut firsts: BTreeMap<Option<u64>, Timestamp> = BTreeMap::new();
+                for line in slots
+                    .iter()
+                    .flat_map(|i| self.slots[*i].operator.log_lines())
+                {
+                    let at = line["timestamp"].as_str().and_then(|t| t.parse().ok());
+                    let Some(at) = at.filter(|t| line["message"] == "reconciled" && *t > fault)
+                    else {
+                        continue;
+                    };
+                    let first = firsts.entry(line["shard"].as_u64()).or_insert(at);
+                    *first = (*first).min(at);
+                }
+                Ok(match self.shards {
+                    None => firsts.values().min().copied(),
+                    Some(_) => struck
+                        .iter()
+                        .map(|s| firsts.get(&Some(*s as u64)).copied())
+                        .collect::<Option<Vec<_>>>()
+                        .and_then(|at| at.into_iter().max()),
+                })
             },
         )
         .await

@@ -30,6 +30,7 @@ mod schedule;
 mod svg;
 mod workload;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,7 @@ use e2e::lease::TEST_TIMINGS;
 use e2e::process::Lifetime;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
+use myresource_operator::membership::shard_lease;
 use serde_json::{Value, json};
 
 use checks::Counts;
@@ -195,8 +197,20 @@ impl Chaos {
             fault.kind(),
             self.slots[leader].operator.config.identity
         );
-        let hit = self.inject(fault, leader).await?;
-        let (failover, new_leader) = self.recover(hit.at).await?;
+        // Scale-out mode: the shards the fault strikes (those the struck replica holds).
+        let struck = match self.shards {
+            None => BTreeSet::new(),
+            Some(shards) => e2e::shards::snapshot(&self.client, NAMESPACE, shards)
+                .await?
+                .held_by(&self.slots[leader].operator.config.identity),
+        };
+        // The Lease a Lease fault strikes: the single Lease, or the first shard struck.
+        let lease = match struck.first() {
+            None => e2e::lease::NAME.to_string(),
+            Some(shard) => shard_lease(e2e::shards::GROUP, *shard),
+        };
+        let hit = self.inject(fault, leader, &lease).await?;
+        let (failover, new_leader) = self.recover(hit.at, &struck).await?;
         let single = self.single_leader().await;
         let lost = settle(&self.client, single, workload, counts).await?;
         let round = Round {

@@ -55,15 +55,19 @@ pub(super) const FAULTS: [Fault; 11] = [
     Fault::ApiserverOverload,
 ];
 
-/// The faults of scale-out mode (`--shard-leases`): those that strike a replica, not the
-/// single Lease.
-pub(super) const SHARD_FAULTS: [Fault; 7] = [
+/// The faults of scale-out mode (`--shard-leases`): those that strike a replica, and the
+/// foreign writes to a shard Lease the struck replica holds. Mixed timings have no
+/// counterpart: a replica group shares its timings through the chart.
+pub(super) const SHARD_FAULTS: [Fault; 10] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
     Fault::LeaderPartition,
     Fault::FollowerKill,
     Fault::ApiserverRestart,
+    Fault::LeaseDelete,
+    Fault::LeaseClearHolder,
+    Fault::LeaseRelabelKill,
     Fault::ApiserverOverload,
 ];
 
