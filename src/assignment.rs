@@ -99,7 +99,8 @@ pub fn intent(
 /// but while `defer` (a takeover is pending: see [`takeover_pending`]) a standby shard it
 /// does not cache yet waits, so that its LIST does not compete with the takeover for the
 /// API server and this replica's CPU (a leave hands several shards over at once, and each
-/// survivor starts standing by for others at that very moment).
+/// survivor starts standing by for others at that very moment; a joiner would list its
+/// standby shards while its share is handed to it).
 pub fn to_cache(
     plan: &Plan,
     me: &str,
@@ -115,9 +116,10 @@ pub fn to_cache(
         .collect()
 }
 
-/// Whether `intent` lets this replica acquire a shard it does not hold yet.
-pub fn takeover_pending(intent: &Intent, held: &BTreeSet<usize>) -> bool {
-    !intent.lead.is_subset(held)
+/// Whether the plan gives replica `me` a shard it does not hold yet (a joiner's share, a
+/// leaver's or a dead replica's shards).
+pub fn takeover_pending(plan: &Plan, me: &str, held: &BTreeSet<usize>) -> bool {
+    !plan.led_by(me).is_subset(held)
 }
 
 /// Members in rendezvous order for `shard`: highest weight first.
@@ -390,11 +392,7 @@ mod tests {
         };
         let held = BTreeSet::from([0]);
         let caching = BTreeSet::from([0, 1, 2]);
-        let intent = Intent {
-            lead: BTreeSet::from([0, 1]),
-            hand_off: BTreeSet::new(),
-        };
-        assert!(takeover_pending(&intent, &held));
+        assert!(takeover_pending(&plan, "a", &held));
         assert_eq!(
             to_cache(&plan, "a", &held, &caching, true),
             BTreeSet::from([0, 1, 2]),
@@ -409,6 +407,7 @@ mod tests {
             to_cache(&plan, "a", &BTreeSet::from([0, 3]), &BTreeSet::new(), true),
             BTreeSet::from([0, 1, 3])
         );
-        assert!(!takeover_pending(&intent, &BTreeSet::from([0, 1])));
+        assert!(!takeover_pending(&plan, "a", &BTreeSet::from([0, 1])));
+        assert!(!takeover_pending(&plan, "c", &BTreeSet::from([2, 3])));
     }
 }

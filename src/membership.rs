@@ -349,7 +349,7 @@ impl Membership {
         warm.insert(self.identity.clone(), self.caches.warm_shards());
         let intent = assignment::intent(&plan, &self.identity, &warm, &held);
         let now = Instant::now();
-        let until = if assignment::takeover_pending(&intent, &held) {
+        let until = if assignment::takeover_pending(&plan, &self.identity, &held) {
             Some(*deferring.get_or_insert(now) + self.timings.retry_period)
         } else {
             *deferring = None;
