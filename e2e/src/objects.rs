@@ -29,6 +29,18 @@ pub async fn create(env: &TestEnv, count: usize, message: &str) -> Result<()> {
     Ok(())
 }
 
+/// What a deleted MyResource `name` leaves when garbage collection lags: its ConfigMap,
+/// controlled by a MyResource of that name with another uid, under `owner_api_version`.
+pub fn leftover_configmap(name: &str, owner_api_version: &str) -> ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "myresource-operator"},
+            "ownerReferences": [{"apiVersion": owner_api_version, "kind": "MyResource", "name": name,
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]},
+        "data": {"message": "old", "someValue": "0"}
+    }))
+    .expect("a valid ConfigMap")
+}
+
 /// Sets one object's `spec.message`.
 pub async fn set_message(env: &TestEnv, name: &str, message: &str) -> Result<()> {
     let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);

@@ -438,12 +438,7 @@ async fn a_configmap_left_by_an_earlier_myresource_of_the_same_name_is_replaced(
     // What a deleted MyResource leaves when garbage collection lags: its ConfigMap, controlled
     // by a MyResource of the same name with another uid.
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
-    let stale: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "again", "labels": {"app.kubernetes.io/managed-by": "myresource-operator"},
-            "ownerReferences": [{"apiVersion": "trstringer.com/v1", "kind": "MyResource", "name": "again",
-                "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]},
-        "data": {"message": "old", "someValue": "0"}
-    }))?;
+    let stale = e2e::objects::leftover_configmap("again", "trstringer.com/v1");
     cms.create(&PostParams::default(), &stale).await?;
     let _op = env.start_operator("op", &[]).await?;
     Api::<MyResource>::namespaced(env.client.clone(), &env.namespace)

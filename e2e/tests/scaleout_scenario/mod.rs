@@ -13,7 +13,7 @@ use anyhow::{Result, ensure};
 use e2e::audit;
 use e2e::harness::TestEnv;
 use e2e::lease::TEST_TIMINGS;
-use e2e::objects::{create, set_message, wait_converged};
+use e2e::objects::{create, leftover_configmap, set_message, wait_converged};
 use e2e::operator::{Operator, http_get};
 use e2e::shards::{self, Snapshot};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -22,7 +22,6 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use myresource_operator::resource::{MyResource, MyResourceSpec};
 use myresource_operator::shardkey::ShardKey;
-use serde_json::json;
 
 const SHARDS: usize = 6;
 const OBJECTS: usize = 30;
@@ -76,12 +75,7 @@ async fn metric(op: &Operator, series: &str) -> Result<Option<f64>> {
 async fn leftover_is_replaced(env: &TestEnv) -> Result<()> {
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
     let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
-    let leftover: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "again", "labels": {"app.kubernetes.io/managed-by": "myresource-operator"},
-            "ownerReferences": [{"apiVersion": "trstringer.com/v1alpha1", "kind": "MyResource", "name": "again",
-                "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]},
-        "data": {"message": "old", "someValue": "0"}
-    }))?;
+    let leftover = leftover_configmap("again", "trstringer.com/v1alpha1");
     cms.create(&PostParams::default(), &leftover).await?;
     let spec = MyResourceSpec {
         message: "new".into(),
