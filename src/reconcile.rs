@@ -409,9 +409,6 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
     }
 }
 
-/// Server-side applies the desired ConfigMap over `existing`, with its resourceVersion as a
-/// precondition: if the ConfigMap changed since it was read (another writer, or a stale
-/// cache), the apply conflicts and the key is retried instead of overwriting.
 /// Deletes the ConfigMap of `key`'s name left by an earlier MyResource of that name: exactly
 /// that object (uid precondition), so a ConfigMap created since is never deleted.
 async fn delete_stale(
@@ -437,6 +434,9 @@ async fn delete_stale(
     Ok(())
 }
 
+/// Server-side applies the desired ConfigMap over `existing`, with its resourceVersion as a
+/// precondition: if the ConfigMap changed since it was read (another writer, or a stale
+/// cache), the apply conflicts and the key is retried instead of overwriting.
 async fn apply(
     ctx: &Context,
     key: &ObjectKey,
