@@ -289,7 +289,10 @@ impl Cluster {
             ))
             .arg(format!("--audit-log-path={}", self.audit_log.display()))
             .arg(format!("--audit-policy-file={}", policy.display()))
-            .arg("--audit-log-mode=blocking");
+            .arg("--audit-log-mode=blocking")
+            // Rotation keeps every file (no age or count limit) and `audit::read` reads
+            // them all; a bigger file means fewer of them.
+            .arg("--audit-log-maxsize=1024");
         if config.shard_selector {
             cmd.arg("--feature-gates=ShardedListAndWatch=true");
         }
@@ -610,22 +613,36 @@ fn audit_policy() -> serde_json::Value {
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
         "omitStages": ["RequestReceived"],
+        // The answers are read for their resourceVersion (when a write took effect) and
+        // owners; their managed fields are noise.
+        "omitManagedFields": true,
         "rules": [
             {
-                "level": "Request",
+                // Writes of what the operator writes (Leases, MyResources, ConfigMaps,
+                // Events) and of what the checks date them by (MyResource creates):
+                // request and answer.
+                "level": "RequestResponse",
                 "verbs": writes,
-                "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]
+                "resources": [
+                    {"group": "coordination.k8s.io", "resources": ["leases"]},
+                    {"group": "trstringer.com", "resources": ["myresources", "myresources/status"]},
+                    {"group": "", "resources": ["configmaps", "events"]},
+                    {"group": "events.k8s.io", "resources": ["events"]}
+                ]
             },
             {
                 "level": "Metadata",
-                "verbs": ["create", "update", "patch", "delete", "deletecollection", "list", "watch"],
+                "verbs": ["get", "list", "watch"],
                 "resources": [
-                    {"group": "trstringer.com", "resources": ["myresources", "myresources/status"]},
-                    {"group": "", "resources": ["configmaps", "pods", "pods/status", "events"]},
+                    {"group": "trstringer.com", "resources": ["myresources"]},
+                    {"group": "", "resources": ["configmaps", "pods", "events"]},
                     {"group": "events.k8s.io", "resources": ["events"]},
                     {"group": "coordination.k8s.io", "resources": ["leases"]}
                 ]
             },
+            // Any other write, by anyone: the fencing check judges a replica's write of
+            // any resource.
+            {"level": "Metadata", "verbs": writes},
             {"level": "None"}
         ]
     })

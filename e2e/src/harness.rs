@@ -55,6 +55,37 @@ impl TestEnv {
         Ok(op)
     }
 
+    /// The shared cluster's audit log, read across rotations (fails for an existing cluster,
+    /// whose log we cannot read).
+    pub fn audit_log(&self) -> Result<crate::audit::Log> {
+        let path = self
+            .shared
+            .audit_log
+            .as_ref()
+            .ok_or_else(|| anyhow!("the audit log of a local cluster"))?;
+        crate::audit::read(path)
+    }
+
+    /// The fencing check ([`crate::audit::fencing`]) on this test's Lease group (`fences`, or
+    /// the single Lease when `None`): fails on any finding, or when fewer than `min_writes`
+    /// writes or `min_terms` terms were examined.
+    pub fn assert_fenced(
+        &self,
+        fences: Option<crate::audit::Fences>,
+        min_writes: usize,
+        min_terms: usize,
+    ) -> Result<()> {
+        let log = self.audit_log()?;
+        let fences = fences
+            .unwrap_or_else(|| crate::audit::Fences::lease(&self.namespace, crate::lease::NAME));
+        let verdict = crate::audit::check(&log, &fences);
+        eprintln!(
+            "fencing check: {} writes and {} terms examined, {} without effect",
+            verdict.writes_examined, verdict.terms_examined, verdict.writes_without_effect
+        );
+        verdict.ensure(min_writes, min_terms)
+    }
+
     /// A copy of the admin kubeconfig whose server is `addr` (a [`crate::proxy::Proxy`]).
     pub fn kubeconfig_via(&self, addr: std::net::SocketAddr, name: &str) -> Result<PathBuf> {
         let path = self

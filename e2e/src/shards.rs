@@ -1,6 +1,7 @@
 //! Scale-out mode as tests, chaos and bench see it: who holds which shard Lease, whose
 //! caches are warm for what, when the group is steady, and what the audit log says about
-//! each shard (writes outside the shard's terms, LISTs at a takeover).
+//! each shard (its terms, LISTs at a takeover); the fencing check per shard is
+//! [`crate::audit::fencing`]'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -15,7 +16,7 @@ use myresource_operator::membership::{GROUP_LABEL, WARM_ANNOTATION, shard_lease}
 use myresource_operator::resource::MyResource;
 use myresource_operator::shardkey::ShardKey;
 
-use crate::audit::{self, Acquisition, AuditEvent};
+use crate::audit::{self, Acquisition, AuditEvent, Fences};
 use crate::wait::poll;
 
 /// The group's (base Lease's) name: the operator's default `--lease-name`.
@@ -124,62 +125,15 @@ pub async fn shard_by_name(
         .collect())
 }
 
+/// The fences of the group's shard Leases in `namespace`, for [`audit::check`].
+pub fn fences(namespace: &str, shards: usize) -> Fences {
+    Fences::shards(namespace, GROUP, shards)
+}
+
 /// Each shard Lease's terms, from the audit log.
 pub fn terms(events: &[AuditEvent], namespace: &str, shards: usize) -> Vec<Vec<Acquisition>> {
     (0..shards)
         .map(|i| audit::acquisitions(events, namespace, &shard_lease(GROUP, i)))
-        .collect()
-}
-
-/// The MyResource a write was about: its own name, its ConfigMap's (the same), or an
-/// Event's (`<name>.<suffix>`).
-fn subject(e: &AuditEvent) -> Option<&str> {
-    let name = e.object_ref.as_ref()?.name.as_str();
-    match e.resource() {
-        "events" => name.rsplit_once('.').map(|(n, _)| n),
-        _ => Some(name),
-    }
-}
-
-/// Successful writes (MyResources, ConfigMaps, Events) by a replica that held none of the
-/// written object's shards when the write reached the API server. `shards_of` gives each
-/// MyResource name the shards of every uid it had (an object deleted and created again under
-/// its name gets a new uid, and so maybe another shard).
-pub fn overlapping_writes<'a>(
-    events: &'a [AuditEvent],
-    namespace: &str,
-    terms: &[Vec<Acquisition>],
-    shards_of: &BTreeMap<String, BTreeSet<usize>>,
-) -> Vec<&'a AuditEvent> {
-    let holder = |shard: usize, at: Timestamp| {
-        terms[shard]
-            .iter()
-            .take_while(|t| t.at <= at)
-            .last()
-            .map(|t| t.holder.as_str())
-    };
-    events
-        .iter()
-        .filter(|e| e.is_write() && e.succeeded() && e.namespace() == namespace)
-        .filter(|e| matches!(e.resource(), "myresources" | "configmaps" | "events"))
-        .filter(|e| {
-            let (Some(replica), Some(shards)) =
-                (e.replica(), subject(e).and_then(|n| shards_of.get(n)))
-            else {
-                return false;
-            };
-            !shards
-                .iter()
-                .any(|s| holder(*s, e.request_received_timestamp) == Some(replica))
-        })
-        .collect()
-}
-
-/// The shards of names mapped to one shard each.
-pub fn single(shard_of: &BTreeMap<String, usize>) -> BTreeMap<String, BTreeSet<usize>> {
-    shard_of
-        .iter()
-        .map(|(name, shard)| (name.clone(), BTreeSet::from([*shard])))
         .collect()
 }
 

@@ -173,7 +173,7 @@ async fn audit_log_records_a_write_with_its_user_agent() -> Result<()> {
         let log = log.clone();
         let (namespace, user_agent) = (namespace.clone(), user_agent.clone());
         async move {
-            Ok(e2e::audit::read(&log)?.into_iter().find(|e| {
+            Ok(e2e::audit::read(&log)?.events.into_iter().find(|e| {
                 e.verb == "create"
                     && e.user_agent == user_agent
                     && e.namespace() == namespace

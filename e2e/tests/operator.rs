@@ -286,6 +286,7 @@ async fn a_restart_with_nothing_changed_writes_nothing() -> Result<()> {
     }
     let log = env.shared.audit_log.as_ref().expect("local cluster");
     let writes: Vec<_> = e2e::audit::read(log)?
+        .events
         .into_iter()
         .filter(|e| e.is_write() && e.user_agent == second.user_agent())
         // Acquiring the Lease is the one write a new replica must make.

@@ -11,7 +11,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use e2e::audit;
 use e2e::harness::{self, TestEnv};
 use e2e::lease::TEST_TIMINGS;
 use e2e::operator::{Operator, http_get};
@@ -127,13 +126,7 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
     let after = env.lease_holder().await?.unwrap_or_default();
     assert_eq!(after, holder, "the replica the Lease named takes it back");
 
-    let events = audit::read(env.shared.audit_log.as_ref().expect("local cluster"))?;
-    let terms = audit::acquisitions(&events, &env.namespace, "myresource-operator");
-    let overlaps = audit::overlapping_writes(&events, &env.namespace, &terms);
-    assert!(
-        overlaps.is_empty(),
-        "writes after another acquired: {overlaps:?}"
-    );
+    env.assert_fenced(None, 4, 1)?;
     for r in &mut replicas {
         r.stop();
     }

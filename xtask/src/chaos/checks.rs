@@ -2,7 +2,6 @@
 //! round, no lost update, no write by a replica after another acquired the Lease (from the
 //! audit log), no panic and no unexpected exit; and the time to a new leader per round.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -11,11 +10,11 @@ use e2e::lease;
 use e2e::operator::http_get;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use myresource_operator::resource::MyResource;
-use myresource_operator::shardkey::ShardKey;
 use serde_json::Value;
 
+use super::schedule::goal_of;
 use super::{Chaos, NAMESPACE};
 
 /// What the rounds counted as they went, and the panics found at the end.
@@ -27,9 +26,23 @@ pub(super) struct Counts {
     pub(super) panics: usize,
 }
 
+/// The fewest successful workload operations a round must see: fewer, and the round
+/// struck an idle system (a round lets the workload run for 2 s at 10 per second before its
+/// fault, and on until the recovery).
+const MIN_OPERATIONS_PER_ROUND: u64 = 10;
+
+/// The fewest writes the fencing check must examine per round, and terms per run: fewer,
+/// and the check looked at too little to prove anything.
+const MIN_WRITES_PER_ROUND: u64 = 5;
+const MIN_TERMS: u64 = 2;
+
 /// Whether a finished run's report shows a failed check.
 pub(super) fn failed(report: &Value) -> bool {
+    let rounds = report["rounds"].as_u64().unwrap_or(0);
     report["overlapping_leadership_writes"] != 0
+        || report["writes_examined"].as_u64().unwrap_or(0) < MIN_WRITES_PER_ROUND * rounds
+        || report["terms_examined"].as_u64().unwrap_or(0) < MIN_TERMS
+        || report["rounds_missing_goal"] != 0
         || report["lost_updates"] != 0
         || report["panics"] != 0
         || report["unexpected_exits"] != 0
@@ -142,86 +155,74 @@ pub(super) async fn lost_updates(client: &Client, limit: Duration) -> Result<usi
     }
 }
 
-/// From the audit log: the Lease's terms, and the writes a replica made after another had
-/// acquired it, described. Sets each round's `new_leader_seconds` and the overlapping
-/// writes received during it (`overlapping_writes`).
-pub(super) fn audit_checks(
-    events: &[AuditEvent],
-    faults: &mut [Value],
-) -> (Vec<Acquisition>, Vec<String>) {
-    let terms = audit::acquisitions(events, NAMESPACE, lease::NAME);
-    let overlapping = audit::overlapping_writes(events, NAMESPACE, &terms);
-    attribute(faults, terms, &overlapping)
+/// The fencing check's result for a run: every term of the Lease (or of all shard Leases),
+/// in time order, and what the check found and examined.
+pub(super) struct Fencing {
+    pub(super) terms: Vec<Acquisition>,
+    pub(super) findings: Vec<String>,
+    pub(super) writes_examined: usize,
+    pub(super) terms_examined: usize,
 }
 
-/// Each MyResource name of the run and the shards of every uid it had: those the workload
-/// created, and those there now (a create whose answer was lost in a fault).
-pub(super) async fn shards_of(
-    client: &Client,
-    shards: usize,
-    mut uids: super::workload::Uids,
-) -> Result<BTreeMap<String, BTreeSet<usize>>> {
-    let mrs: Api<MyResource> = Api::namespaced(client.clone(), NAMESPACE);
-    for mr in mrs.list(&Default::default()).await? {
-        let name = mr.name_any();
-        uids.entry(name)
-            .or_default()
-            .insert(mr.uid().unwrap_or_default());
-    }
-    let key = ShardKey::new(shards);
-    Ok(uids
-        .into_iter()
-        .map(|(name, uids)| (name, uids.iter().map(|u| key.shard_of_uid(u)).collect()))
-        .collect())
-}
-
-/// [`audit_checks`] in scale-out mode: every shard Lease's terms (in time order), and the
-/// writes a replica made to an object while it held none of the object's shards.
-pub(super) fn shard_audit_checks(
+/// The fencing check on the run's audit log ([`audit::fencing`]): every write the replicas
+/// made, judged by when it took effect against the terms of the Lease that fences it (in
+/// scale-out mode, `shards` shard Leases, by each write's owner uid). Sets each round's
+/// `new_leader_seconds` and the late writes that may first have taken effect during it
+/// (`overlapping_writes`).
+pub(super) fn fencing(
     events: &[AuditEvent],
     faults: &mut [Value],
-    shards: usize,
-    shards_of: &BTreeMap<String, BTreeSet<usize>>,
-) -> (Vec<Acquisition>, Vec<String>) {
-    let per_shard = e2e::shards::terms(events, NAMESPACE, shards);
-    let overlapping = e2e::shards::overlapping_writes(events, NAMESPACE, &per_shard, shards_of);
-    let mut terms: Vec<Acquisition> = per_shard.into_iter().flatten().collect();
+    shards: Option<usize>,
+) -> Fencing {
+    let fences = match shards {
+        None => audit::Fences::lease(NAMESPACE, lease::NAME),
+        Some(shards) => e2e::shards::fences(NAMESPACE, shards),
+    };
+    let verdict = audit::check(events, &fences);
+    let mut terms: Vec<Acquisition> = match shards {
+        None => audit::acquisitions(events, NAMESPACE, lease::NAME),
+        Some(shards) => e2e::shards::terms(events, NAMESPACE, shards)
+            .into_iter()
+            .flatten()
+            .collect(),
+    };
     terms.sort_by_key(|t| t.at);
-    attribute(faults, terms, &overlapping)
-}
-
-/// Sets each round's `new_leader_seconds` from `terms` and attributes the overlapping
-/// writes to the rounds they were received in; returns the terms and the writes described.
-fn attribute(
-    faults: &mut [Value],
-    terms: Vec<Acquisition>,
-    overlapping: &[&AuditEvent],
-) -> (Vec<Acquisition>, Vec<String>) {
     for fault in faults.iter_mut() {
         fault["new_leader_seconds"] = new_leader_seconds(fault, &terms).into();
-    }
-    let overlaps: Vec<String> = overlapping
-        .iter()
-        .map(|e| {
-            format!(
-                "{} {} {:?} at {}",
-                e.user_agent, e.verb, e.object_ref, e.request_received_timestamp
-            )
-        })
-        .collect();
-    // Attribute every overlapping write to the round it was received in.
-    for fault in faults.iter_mut() {
         let (Some(from), Some(until)) = (timestamp(&fault["started"]), timestamp(&fault["until"]))
         else {
             continue;
         };
-        fault["overlapping_writes"] = overlapping
+        fault["overlapping_writes"] = verdict
+            .late
             .iter()
-            .filter(|e| (from..until).contains(&e.request_received_timestamp))
+            .filter(|l| (from..until).contains(&l.from()))
             .count()
             .into();
     }
-    (terms, overlaps)
+    Fencing {
+        terms,
+        findings: verdict.findings(),
+        writes_examined: verdict.writes_examined,
+        terms_examined: verdict.terms_examined,
+    }
+}
+
+/// Sets each round's `goal_met`: its failover came (a reconcile after the fault), within
+/// its fault's goal for a new leader where there is one, and the workload ran
+/// ([`MIN_OPERATIONS_PER_ROUND`] successful operations at least).
+pub(super) fn judge_goals(faults: &mut [Value]) {
+    for fault in faults.iter_mut() {
+        let goal = goal_of(fault["kind"].as_str().unwrap_or_default());
+        let new_leader = fault["new_leader_seconds"].as_f64();
+        let in_time = match goal {
+            None => true,
+            Some(goal) => new_leader.is_some_and(|s| s <= goal.as_secs_f64()),
+        };
+        let worked =
+            fault["operations_succeeded"].as_u64().unwrap_or(0) >= MIN_OPERATIONS_PER_ROUND;
+        fault["goal_met"] = (fault["failover_seconds"].is_number() && in_time && worked).into();
+    }
 }
 
 /// The first acquisition by another replica than the struck leader, within the round: the

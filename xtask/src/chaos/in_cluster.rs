@@ -124,16 +124,18 @@ impl InCluster {
         counts.panics = self.logs.panics();
 
         let events = audit::read(&cluster.audit_log)?;
-        let (terms, overlaps) = checks::audit_checks(&events, &mut faults);
+        events.covers(started_at)?;
+        let fencing = checks::fencing(&events, &mut faults, None);
         for fault in faults
             .iter_mut()
             .filter(|f| f["kind"] == Fault::Rollout.kind())
         {
-            rollout_handovers(fault, &terms);
+            rollout_handovers(fault, &fencing.terms);
         }
-        let mut report = report::build(args, faults, &overlaps, &counts, operations, terms.len());
+        checks::judge_goals(&mut faults);
+        let mut report = report::build(args, faults, &fencing, &counts, &operations);
         report["mode"] = "in-cluster: the chart's Pods on a node".into();
-        report::write(out, &report, &terms, started_at, ended_at)?;
+        report::write(out, &report, &fencing.terms, started_at, ended_at)?;
         Ok(report)
     }
 
@@ -149,6 +151,7 @@ impl InCluster {
     ) -> Result<Value> {
         let round_started = Instant::now();
         let started = Timestamp::now();
+        let operations = workload.operations();
         counts.unexpected_exits += self.unexpected_restarts().await?;
         e2e::chart::ready_pods(&self.client, NAMESPACE, RELEASE, 3, LIMIT).await?;
         workload.resume();
@@ -185,6 +188,7 @@ impl InCluster {
             leader_before: leader,
             leader_after: new_leader,
             details,
+            operations: workload.operations().since(operations),
         };
         Ok(round.record(single, lost))
     }

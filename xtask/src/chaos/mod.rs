@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use checks::Counts;
 use replicas::Slot;
 use schedule::{Fault, Rng, schedule};
-use workload::Workload;
+use workload::{Operations, Workload};
 
 const NAMESPACE: &str = "chaos";
 
@@ -156,22 +156,17 @@ impl Chaos {
             faults.push(self.round(round, fault, &workload, &mut counts).await?);
         }
         let operations = workload.operations();
-        let uids = workload.uids();
         workload.stop().await;
         let ended_at = Timestamp::now();
 
         let events = audit::read(&self.cluster.audit_log)?;
-        let (terms, overlaps) = match self.shards {
-            None => checks::audit_checks(&events, &mut faults),
-            Some(shards) => {
-                let shards_of = checks::shards_of(&self.client, shards, uids).await?;
-                checks::shard_audit_checks(&events, &mut faults, shards, &shards_of)
-            }
-        };
+        events.covers(started_at)?;
+        let fencing = checks::fencing(&events, &mut faults, self.shards);
+        checks::judge_goals(&mut faults);
         counts.panics = self.panics();
         counts.unexpected_exits += self.exited();
-        let report = report::build(args, faults, &overlaps, &counts, operations, terms.len());
-        report::write(out, &report, &terms, started_at, ended_at)?;
+        let report = report::build(args, faults, &fencing, &counts, &operations);
+        report::write(out, &report, &fencing.terms, started_at, ended_at)?;
         Ok(report)
     }
 
@@ -186,6 +181,7 @@ impl Chaos {
     ) -> Result<Value> {
         let round_started = Instant::now();
         let started = Timestamp::now();
+        let operations = workload.operations();
         // A replica that died without being killed by us is a finding; replace it.
         counts.unexpected_exits += self.replace_exited().await?;
         workload.resume();
@@ -223,6 +219,7 @@ impl Chaos {
             leader_before: hit.leader.clone(),
             leader_after: self.slots[new_leader].operator.config.identity.clone(),
             details: self.details(hit),
+            operations: workload.operations().since(operations),
         };
         Ok(round.record(single, lost))
     }
@@ -240,6 +237,8 @@ struct Round {
     leader_before: String,
     leader_after: String,
     details: Value,
+    /// The workload's operations during the round.
+    operations: Operations,
 }
 
 impl Round {
@@ -257,6 +256,8 @@ impl Round {
             "single_leader_after": single,
             "lost_updates": lost,
             "round_seconds": self.began.elapsed().as_secs_f64(),
+            "operations": self.operations.attempted,
+            "operations_succeeded": self.operations.succeeded(),
             "details": self.details,
         })
     }

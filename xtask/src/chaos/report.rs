@@ -13,16 +13,17 @@ use serde_json::{Value, json};
 
 use super::ChaosArgs;
 use super::checks::Counts;
-use super::schedule::{FAULTS, POD_FAULTS};
+use super::checks::Fencing;
+use super::schedule::goal_of;
+use super::workload::Operations;
 
 /// The report of a run: its rounds (`faults`), per fault kind, and what the checks found.
 pub(super) fn build(
     args: &ChaosArgs,
     faults: Vec<Value>,
-    overlaps: &[String],
+    fencing: &Fencing,
     counts: &Counts,
-    operations: u64,
-    lease_terms: usize,
+    operations: &Operations,
 ) -> Value {
     let failovers: Vec<f64> = faults
         .iter()
@@ -40,15 +41,19 @@ pub(super) fn build(
         "lease_timings": TEST_TIMINGS.args(),
         "faults": faults,
         "by_kind": by_kind,
-        "overlapping_leadership_writes": overlaps.len(),
-        "overlapping_examples": overlaps.iter().take(10).collect::<Vec<_>>(),
+        "overlapping_leadership_writes": fencing.findings.len(),
+        "overlapping_examples": fencing.findings.iter().take(10).collect::<Vec<_>>(),
+        "writes_examined": fencing.writes_examined,
+        "terms_examined": fencing.terms_examined,
+        "rounds_missing_goal": faults.iter().filter(|f| f["goal_met"] == false).count(),
         "lost_updates": counts.lost_updates,
         "panics": counts.panics,
         "unexpected_exits": counts.unexpected_exits,
         "rounds_without_single_leader": counts.rounds_without_single_leader,
         "failover_seconds": stats::summary(&failovers),
-        "workload_operations": operations,
-        "lease_terms": lease_terms,
+        "workload_operations": operations.attempted,
+        "workload_operations_failed": operations.failed,
+        "lease_terms": fencing.terms.len(),
     })
 }
 
@@ -89,11 +94,7 @@ fn by_kind(faults: &[Value]) -> Value {
     let map: serde_json::Map<String, Value> = kinds
         .into_iter()
         .map(|(kind, rounds)| {
-            let goal = FAULTS
-                .iter()
-                .chain(&POD_FAULTS)
-                .find(|f| f.kind() == kind)
-                .and_then(|f| f.new_leader_goal());
+            let goal = goal_of(kind);
             let entry = json!({
                 "rounds": rounds.len(),
                 "failover_seconds": stats::summary(&samples(&rounds, "failover_seconds")),
@@ -115,18 +116,27 @@ fn markdown(report: &Value) -> String {
         "# Chaos report".to_string(),
         String::new(),
         format!(
-            "{} rounds, seed {}, Lease timings {}; {} workload operations.",
+            "{} rounds, seed {}, Lease timings {}; {} workload operations, {} of them failed.",
             report["rounds"],
             report["seed"],
             report["lease_timings"],
-            report["workload_operations"]
+            report["workload_operations"],
+            report["workload_operations_failed"]
         ),
         String::new(),
         "| check | result |".into(),
         "|---|---|".into(),
         format!(
-            "| overlapping leadership writes (audit log) | {} |",
+            "| late writes, unattributed writes, unparsed agents (audit log, by effect) | {} |",
             report["overlapping_leadership_writes"]
+        ),
+        format!(
+            "| writes and terms the fencing check examined | {} and {} |",
+            report["writes_examined"], report["terms_examined"]
+        ),
+        format!(
+            "| rounds whose failover missed its goal or never came | {} |",
+            report["rounds_missing_goal"]
         ),
         format!("| lost updates | {} |", report["lost_updates"]),
         format!("| panics | {} |", report["panics"]),

@@ -117,6 +117,15 @@ impl Fault {
     }
 }
 
+/// The goal for the time to a new leader of the fault kind named `kind`, if it has one.
+pub(super) fn goal_of(kind: &str) -> Option<Duration> {
+    FAULTS
+        .iter()
+        .chain(&POD_FAULTS)
+        .find(|f| f.kind() == kind)
+        .and_then(|f| f.new_leader_goal())
+}
+
 /// The fault of every round: each block of `kinds.len()` rounds has every kind once, in an
 /// order the seed shuffles, so a run of that many rounds covers all of them.
 pub(super) fn schedule(seed: u64, rounds: usize, kinds: &[Fault]) -> Vec<Fault> {

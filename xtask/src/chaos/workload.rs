@@ -1,14 +1,13 @@
 //! The steady workload the faults strike under: MyResources and labelled Pods created,
 //! updated and deleted at a fixed rate.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL};
 use serde_json::json;
 
@@ -21,30 +20,47 @@ pub(super) struct Workload {
     running: Arc<AtomicBool>,
     paused: Arc<AtomicBool>,
     idle: Arc<tokio::sync::Notify>,
-    operations: Arc<AtomicU64>,
-    /// Every uid each MyResource name has had (scale-out chaos: a name created again may
-    /// land on another shard).
-    uids: Arc<Mutex<Uids>>,
+    attempted: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// MyResource names and the uids they have had.
-pub(super) type Uids = BTreeMap<String, BTreeSet<String>>;
+/// The workload's operations so far: attempted, and failed for another reason than the
+/// expected ones (an object that exists already, or is gone already).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Operations {
+    pub(super) attempted: u64,
+    pub(super) failed: u64,
+}
+
+impl Operations {
+    /// The operations made since `earlier`.
+    pub(super) fn since(self, earlier: Operations) -> Operations {
+        Operations {
+            attempted: self.attempted - earlier.attempted,
+            failed: self.failed - earlier.failed,
+        }
+    }
+
+    pub(super) fn succeeded(self) -> u64 {
+        self.attempted - self.failed
+    }
+}
 
 impl Workload {
     pub(super) fn start(client: Client, seed: u64) -> Workload {
         let running = Arc::new(AtomicBool::new(true));
         let paused = Arc::new(AtomicBool::new(false));
         let idle = Arc::new(tokio::sync::Notify::new());
-        let operations = Arc::new(AtomicU64::new(0));
-        let uids = Arc::new(Mutex::new(Uids::new()));
+        let attempted = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
         let task = {
-            let (running, paused, idle, operations, uids) = (
+            let (running, paused, idle, attempted, failed) = (
                 running.clone(),
                 paused.clone(),
                 idle.clone(),
-                operations.clone(),
-                uids.clone(),
+                attempted.clone(),
+                failed.clone(),
             );
             tokio::spawn(async move {
                 let mut rng = Rng::new(seed ^ 0x5eed);
@@ -58,8 +74,11 @@ impl Workload {
                         continue;
                     }
                     counter += 1;
-                    operate(&mrs, &pods, &mut rng, counter, &uids).await;
-                    operations.fetch_add(1, Ordering::SeqCst);
+                    if let Err(err) = operate(&mrs, &pods, &mut rng, counter).await {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                        eprintln!("  workload operation failed: {err}");
+                    }
+                    attempted.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             })
@@ -68,15 +87,10 @@ impl Workload {
             running,
             paused,
             idle,
-            operations,
-            uids,
+            attempted,
+            failed,
             task,
         }
-    }
-
-    /// Every uid each MyResource name has had so far.
-    pub(super) fn uids(&self) -> Uids {
-        self.uids.lock().expect("uids lock").clone()
     }
 
     pub(super) fn resume(&self) {
@@ -89,8 +103,11 @@ impl Workload {
         let _ = tokio::time::timeout(Duration::from_secs(10), self.idle.notified()).await;
     }
 
-    pub(super) fn operations(&self) -> u64 {
-        self.operations.load(Ordering::SeqCst)
+    pub(super) fn operations(&self) -> Operations {
+        Operations {
+            attempted: self.attempted.load(Ordering::SeqCst),
+            failed: self.failed.load(Ordering::SeqCst),
+        }
     }
 
     pub(super) async fn stop(self) {
@@ -100,18 +117,17 @@ impl Workload {
 }
 
 /// One operation, chosen by `rng`: create or update a MyResource (6 in 10), delete one (1
-/// in 10), create a labelled Pod (2 in 10) or delete one (1 in 10).
+/// in 10), create a labelled Pod (2 in 10) or delete one (1 in 10). An object that exists
+/// already or is gone already is an expected outcome; any other error is returned.
 async fn operate(
     mrs: &Api<MyResource>,
     pods: &Api<Pod>,
     rng: &mut Rng,
     counter: u64,
-    uids: &Mutex<Uids>,
-) {
+) -> Result<(), kube::Error> {
     let i = rng.below(40);
     let name = format!("w{i}");
-    // Errors (object exists, not found, API server restarting) are part of chaos.
-    let _ = match rng.below(10) {
+    let outcome = match rng.below(10) {
         0..=5 => {
             let mr = MyResource::new(
                 &name,
@@ -121,12 +137,7 @@ async fn operate(
                 },
             );
             match mrs.create(&PostParams::default(), &mr).await {
-                Ok(created) => {
-                    let uid = created.uid().unwrap_or_default();
-                    let mut uids = uids.lock().expect("uids lock");
-                    uids.entry(name).or_default().insert(uid);
-                    Ok(())
-                }
+                Ok(_) => Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 409 => mrs
                     .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"message": format!("m{counter}"), "someValue": counter as i32}})))
                     .await
@@ -154,4 +165,8 @@ async fn operate(
             .await
             .map(|_| ()),
     };
+    match outcome {
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        other => other,
+    }
 }

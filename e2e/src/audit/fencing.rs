@@ -1,0 +1,671 @@
+//! The fencing check: no write of a term takes effect after a newer term of its Lease began.
+//!
+//! The check judges every write a replica of the group made (any namespace, any resource but
+//! the group's own Leases) by when it took effect ([`super::effect`]), against the terms of
+//! the Lease that fences it: the single Lease, or in scale-out mode the shard Lease of the
+//! object the write was about. A write is *late* when it may have taken effect during a term
+//! held by someone else (another replica, or nobody after a release). In scale-out mode the
+//! object a write is about is its owner's uid, not its name (a name deleted and created again
+//! gets a new uid, maybe in another shard): a MyResource's own uid, a ConfigMap's controller
+//! owner, an Event's `regarding`; a delete of a ConfigMap is about the MyResource that had
+//! the name when the delete took effect (the reconcile that deleted it), or failing that,
+//! the deleted ConfigMap's owner.
+//!
+//! The check refuses to pass on nothing: it reports how many writes and terms it examined
+//! (callers assert a floor), lists writes it could not attribute to a shard, requests whose
+//! user agent claims the operator but names no replica, and writes by a replica that never
+//! touched any Lease (so belongs to no group the check could judge it by).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{Result, bail};
+use myresource_operator::membership::shard_lease;
+use myresource_operator::shardkey::ShardKey;
+use serde_json::Value;
+
+use super::effect::{Dated, Dater, Effect};
+use super::event::AuditEvent;
+use super::terms::{Acquisition, acquisitions};
+
+/// The Lease or Leases that fence a group of replicas.
+#[derive(Debug, Clone)]
+pub enum Fences {
+    /// One Lease, `namespace/name`, fences every write.
+    Lease { namespace: String, name: String },
+    /// Scale-out: shard Lease `<group>-<i>` in `namespace` fences the writes about the
+    /// objects `key` puts in shard `i`.
+    Shards {
+        namespace: String,
+        group: String,
+        key: ShardKey,
+    },
+}
+
+impl Fences {
+    pub fn lease(namespace: &str, name: &str) -> Self {
+        Fences::Lease {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    pub fn shards(namespace: &str, group: &str, shards: usize) -> Self {
+        Fences::Shards {
+            namespace: namespace.into(),
+            group: group.into(),
+            key: ShardKey::new(shards),
+        }
+    }
+
+    fn namespace(&self) -> &str {
+        match self {
+            Fences::Lease { namespace, .. } | Fences::Shards { namespace, .. } => namespace,
+        }
+    }
+
+    /// The name every Lease of the group starts with (the base Lease's name).
+    fn base(&self) -> &str {
+        match self {
+            Fences::Lease { name, .. } => name,
+            Fences::Shards { group, .. } => group,
+        }
+    }
+
+    /// Whether `name` is one of the group's Leases (its own, a shard's, a member's).
+    fn is_group_lease(&self, name: &str) -> bool {
+        name == self.base()
+            || name
+                .strip_prefix(self.base())
+                .is_some_and(|r| r.starts_with('-'))
+    }
+}
+
+/// A write that may have taken effect in another's term.
+#[derive(Debug, Clone)]
+pub struct Late<'a> {
+    pub write: &'a AuditEvent,
+    pub effect: Effect,
+    /// The shard whose Lease fences it (scale-out mode).
+    pub shard: Option<usize>,
+    /// The holders of the terms it may have taken effect in ("" for a released Lease, "-"
+    /// before the first term).
+    pub holders: Vec<String>,
+}
+
+impl Late<'_> {
+    /// When the write may first have taken effect (the round it belongs to).
+    pub fn from(&self) -> k8s_openapi::jiff::Timestamp {
+        self.effect
+            .dated()
+            .map_or(self.write.request_received_timestamp, |d| d.from)
+    }
+
+    pub fn describe(&self) -> String {
+        let how = match self.effect {
+            Effect::Possibly(_) => "maybe applied",
+            _ => "applied",
+        };
+        let shard = self
+            .shard
+            .map_or(String::new(), |s| format!(" (shard {s})"));
+        let rv = self
+            .effect
+            .dated()
+            .and_then(|d| d.revision)
+            .map_or(String::new(), |rv| format!(" at revision {rv}"));
+        format!(
+            "{}: {how}{rv}{shard} in the term(s) of {:?}",
+            self.write.describe(),
+            self.holders
+        )
+    }
+}
+
+/// What the fencing check found.
+#[derive(Debug, Clone, Default)]
+pub struct Verdict<'a> {
+    /// Writes by the group's replicas that took (or may have taken) effect, judged against
+    /// the terms.
+    pub writes_examined: usize,
+    /// Writes by the group's replicas that changed nothing (rejected, or answered with a
+    /// revision the object already had).
+    pub writes_without_effect: usize,
+    /// Terms (holder changes) of the Lease or of all shard Leases.
+    pub terms_examined: usize,
+    pub late: Vec<Late<'a>>,
+    /// Scale-out: writes whose object (owner uid) could not be found.
+    pub unattributed: Vec<&'a AuditEvent>,
+    /// Requests whose user agent claims the operator but names no replica.
+    pub unparsed: Vec<&'a AuditEvent>,
+    /// Writes (other than to a Lease) by a replica that made no request to any Lease.
+    pub ungrouped: Vec<&'a AuditEvent>,
+}
+
+impl Verdict<'_> {
+    /// Whether nothing was found wrong (the floors aside).
+    pub fn clean(&self) -> bool {
+        self.late.is_empty()
+            && self.unattributed.is_empty()
+            && self.unparsed.is_empty()
+            && self.ungrouped.is_empty()
+    }
+
+    /// Every finding, one per line.
+    pub fn findings(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.late.iter().map(Late::describe).collect();
+        out.extend(
+            self.unattributed
+                .iter()
+                .map(|e| format!("{}: no owner uid to judge it by", e.describe())),
+        );
+        out.extend(
+            self.unparsed
+                .iter()
+                .map(|e| format!("{}: user agent names no replica", e.describe())),
+        );
+        out.extend(
+            self.ungrouped
+                .iter()
+                .map(|e| format!("{}: by a replica of no Lease group", e.describe())),
+        );
+        out
+    }
+
+    /// Fails on any finding, or when fewer than `min_writes` writes or `min_terms` terms
+    /// were examined (a check that looked at nothing proves nothing).
+    pub fn ensure(&self, min_writes: usize, min_terms: usize) -> Result<()> {
+        if !self.clean() {
+            bail!(
+                "the fencing check found {} problem(s) ({} writes, {} terms examined):\n{}",
+                self.findings().len(),
+                self.writes_examined,
+                self.terms_examined,
+                self.findings().join("\n")
+            );
+        }
+        if self.writes_examined < min_writes || self.terms_examined < min_terms {
+            bail!(
+                "the fencing check examined {} writes and {} terms, fewer than {min_writes} and \
+                 {min_terms}: it proves nothing",
+                self.writes_examined,
+                self.terms_examined
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The holders of the terms during which a write dated `d` may have taken effect.
+fn holders_during(terms: &[Acquisition], d: &Dated) -> Vec<String> {
+    let mut out = Vec::new();
+    if terms.first().is_none_or(|t| !t.dated.before(d)) {
+        out.push("-".to_string());
+    }
+    for (i, term) in terms.iter().enumerate() {
+        let began_in_time = !d.before(&term.dated);
+        let still_on = terms.get(i + 1).is_none_or(|next| !next.dated.before(d));
+        if began_in_time && still_on {
+            out.push(term.holder.clone());
+        }
+    }
+    out
+}
+
+/// A MyResource's uid by name over time, from its creates in the log.
+#[derive(Debug, Default)]
+struct Names<'a> {
+    created: BTreeMap<(&'a str, &'a str), Vec<(Dated, &'a str)>>,
+}
+
+impl<'a> Names<'a> {
+    fn add(&mut self, e: &'a AuditEvent, d: Dated) {
+        let Some(body) = e.response_object.as_ref() else {
+            return;
+        };
+        if let (Some(name), Some(uid)) = (
+            body["metadata"]["name"].as_str(),
+            body["metadata"]["uid"].as_str(),
+        ) {
+            self.created
+                .entry((e.namespace(), name))
+                .or_default()
+                .push((d, uid));
+        }
+    }
+
+    /// The uid `namespace/name` had when a write dated `d` took effect: the last created
+    /// not surely after it.
+    fn uid_at(&self, namespace: &str, name: &str, d: &Dated) -> Option<&'a str> {
+        self.created
+            .get(&(namespace, name))?
+            .iter()
+            .rev()
+            .find(|(created, _)| !d.before(created))
+            .map(|(_, uid)| *uid)
+    }
+}
+
+/// The uid of the controller owner in an object's `ownerReferences`.
+fn controller_uid(body: &Value) -> Option<&str> {
+    body["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"].as_bool() == Some(true))
+        .and_then(|o| o["uid"].as_str())
+}
+
+/// The bodies a write's object can be read from: the answer, then the request.
+fn bodies(e: &AuditEvent) -> impl Iterator<Item = &Value> {
+    [e.response_object.as_ref(), e.request_object.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter(|b| b["kind"] != "Status" && b["kind"] != "DeleteOptions")
+}
+
+/// Checks the writes of the replicas that `fences` fence.
+pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
+    let namespace = fences.namespace();
+    let mut verdict = Verdict {
+        unparsed: events.iter().filter(|e| e.unparsed_agent()).collect(),
+        ..Default::default()
+    };
+
+    // Who belongs to the group: replicas that made any request to one of its Leases; and
+    // who belongs to some group at all.
+    let mut members = BTreeSet::new();
+    let mut grouped = BTreeSet::new();
+    for e in events.iter().filter(|e| e.is_lease()) {
+        let Some(replica) = e.replica() else { continue };
+        grouped.insert(replica);
+        if e.namespace() == namespace && (e.name().is_empty() || fences.is_group_lease(e.name())) {
+            members.insert(replica);
+        }
+    }
+
+    let terms: Vec<Vec<Acquisition>> = match fences {
+        Fences::Lease { name, .. } => vec![acquisitions(events, namespace, name)],
+        Fences::Shards { group, key, .. } => (0..key.shards())
+            .map(|i| acquisitions(events, namespace, &shard_lease(group, i)))
+            .collect(),
+    };
+    verdict.terms_examined = terms.iter().map(Vec::len).sum();
+
+    // One pass in log order: dates every write, learns names and owners as it goes.
+    let mut dater = Dater::default();
+    let mut names = Names::default();
+    let mut owners: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut writes: Vec<(&AuditEvent, Effect)> = Vec::new();
+    for e in events.iter().filter(|e| e.is_write()) {
+        let effect = dater.effect(e);
+        if let Effect::Applied(d) = effect {
+            if e.resource() == "myresources" && e.verb == "create" {
+                names.add(e, d);
+            }
+            if e.resource() == "configmaps"
+                && let Some(body) = e.response_object.as_ref()
+                && let (Some(uid), Some(owner)) =
+                    (body["metadata"]["uid"].as_str(), controller_uid(body))
+            {
+                owners.insert(uid, owner);
+            }
+        }
+        let Some(replica) = e.replica() else { continue };
+        if e.is_lease() && e.namespace() == namespace && fences.is_group_lease(e.name()) {
+            continue;
+        }
+        if !grouped.contains(replica) {
+            verdict.ungrouped.push(e);
+            continue;
+        }
+        if members.contains(replica) {
+            writes.push((e, effect));
+        }
+    }
+
+    for (e, effect) in writes {
+        let Some(dated) = effect.dated() else {
+            verdict.writes_without_effect += 1;
+            continue;
+        };
+        verdict.writes_examined += 1;
+        let (shard, fence) = match fences {
+            Fences::Lease { .. } => (None, &terms[0]),
+            Fences::Shards { key, .. } => {
+                let Some(uid) = owner_uid(e, dated, &names, &owners) else {
+                    verdict.unattributed.push(e);
+                    continue;
+                };
+                let shard = key.shard_of_uid(uid);
+                (Some(shard), &terms[shard])
+            }
+        };
+        let holders = holders_during(fence, dated);
+        let replica = e.replica().unwrap_or_default();
+        if holders.iter().any(|h| h != replica) {
+            verdict.late.push(Late {
+                write: e,
+                effect,
+                shard,
+                holders,
+            });
+        }
+    }
+    verdict
+}
+
+/// The uid of the MyResource a write is about (see the module's doc).
+fn owner_uid<'a>(
+    e: &'a AuditEvent,
+    dated: &Dated,
+    names: &Names<'a>,
+    owners: &BTreeMap<&'a str, &'a str>,
+) -> Option<&'a str> {
+    let from_body = |read: fn(&Value) -> Option<&str>| bodies(e).find_map(read);
+    match e.resource() {
+        "myresources" => from_body(|b| b["metadata"]["uid"].as_str())
+            .or_else(|| names.uid_at(e.namespace(), e.name(), dated)),
+        "configmaps" if e.verb == "delete" => {
+            names.uid_at(e.namespace(), e.name(), dated).or_else(|| {
+                // The deleted ConfigMap, named by the answer or the precondition.
+                let deleted = e
+                    .response_object
+                    .as_ref()
+                    .and_then(|b| b["details"]["uid"].as_str())
+                    .or_else(|| e.request_object.as_ref()?["preconditions"]["uid"].as_str())?;
+                owners.get(deleted).copied()
+            })
+        }
+        "configmaps" => from_body(controller_uid),
+        "events" => from_body(|b| {
+            b["regarding"]["uid"]
+                .as_str()
+                .or_else(|| b["involvedObject"]["uid"].as_str())
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::effect::tests::write;
+    use crate::audit::terms::tests::{lease_write, ua};
+    use serde_json::json;
+
+    /// `id`'s status patch of MyResource `ns/name` (uid `uid`).
+    fn status(id: &str, name: &str, uid: &str, at: (f64, f64), rv: Option<u64>) -> AuditEvent {
+        let mut e = write(&ua(id), "patch", "myresources", name, at, 200, rv);
+        if let Some(body) = e.response_object.as_mut() {
+            body["metadata"]["uid"] = uid.into();
+        }
+        e
+    }
+
+    /// The test's Lease ns/n: a acquires at revision 10, b at revision 20 (received at 5 s,
+    /// answered at 5.1 s).
+    fn two_terms() -> Vec<AuditEvent> {
+        vec![
+            lease_write("a", "a", (0.0, 0.1), 200, Some(10)),
+            lease_write("b", "b", (5.0, 5.1), 200, Some(20)),
+        ]
+    }
+
+    fn lease() -> Fences {
+        Fences::lease("ns", "n")
+    }
+
+    #[test]
+    fn a_write_received_in_the_old_term_but_applied_in_the_new_is_late() {
+        // Received at 4 s, before b acquired, but queued in the server and committed at
+        // revision 21, after b's acquisition: dating by receipt would credit it to a's term.
+        let mut events = two_terms();
+        events.push(status("a", "x", "u1", (4.0, 6.0), Some(21)));
+        events.push(status("a", "y", "u2", (1.0, 1.1), Some(11)));
+        let verdict = check(&events, &lease());
+        assert_eq!(verdict.writes_examined, 2);
+        assert_eq!(verdict.terms_examined, 2);
+        assert_eq!(verdict.late.len(), 1, "{:?}", verdict.findings());
+        assert_eq!(verdict.late[0].holders, ["b"]);
+    }
+
+    #[test]
+    fn a_write_answered_5xx_may_have_been_applied_until_its_timeout() {
+        let mut events = two_terms();
+        // A 504 received at 3 s with a 4 s server-side timeout: it may be applied until 7 s,
+        // after b's acquisition (5 s).
+        let mut timed_out = write(&ua("a"), "patch", "configmaps", "x", (3.0, 3.5), 504, None);
+        timed_out.request_uri = "/api/v1/namespaces/ns/configmaps/x?timeout=4000ms".into();
+        events.push(timed_out.clone());
+        // The same with a 1 s timeout ends before b's term: fine.
+        timed_out.request_uri = "/api/v1/namespaces/ns/configmaps/x?timeout=1000ms".into();
+        events.push(timed_out);
+        // A 409 changed nothing, whenever it came.
+        events.push(write(
+            &ua("a"),
+            "patch",
+            "configmaps",
+            "x",
+            (9.0, 9.1),
+            409,
+            None,
+        ));
+        let verdict = check(&events, &lease());
+        assert_eq!(verdict.late.len(), 1, "{:?}", verdict.findings());
+        assert_eq!(verdict.writes_without_effect, 1);
+    }
+
+    #[test]
+    fn every_namespace_and_resource_is_judged() {
+        let mut events = two_terms();
+        // a writes a Secret in another namespace after b acquired.
+        let mut secret = write(
+            &ua("a"),
+            "create",
+            "secrets",
+            "s",
+            (6.0, 6.1),
+            201,
+            Some(22),
+        );
+        secret.object_ref.as_mut().unwrap().namespace = "elsewhere".into();
+        events.push(secret);
+        let verdict = check(&events, &lease());
+        assert_eq!(verdict.late.len(), 1, "{:?}", verdict.findings());
+    }
+
+    #[test]
+    fn an_unchanged_answer_is_no_write_and_a_release_ends_the_term() {
+        let mut events = vec![
+            lease_write("a", "a", (0.0, 0.1), 200, Some(10)),
+            write(
+                &ua("a"),
+                "patch",
+                "configmaps",
+                "x",
+                (1.0, 1.1),
+                200,
+                Some(11),
+            ),
+            lease_write("a", "", (2.0, 2.1), 200, Some(12)),
+        ];
+        // After its release: an apply that found everything as asked (revision 11 again)
+        // changed nothing; a real change is late.
+        events.push(write(
+            &ua("a"),
+            "patch",
+            "configmaps",
+            "x",
+            (3.0, 3.1),
+            200,
+            Some(11),
+        ));
+        events.push(write(
+            &ua("a"),
+            "patch",
+            "configmaps",
+            "x",
+            (4.0, 4.1),
+            200,
+            Some(13),
+        ));
+        let verdict = check(&events, &lease());
+        assert_eq!(verdict.writes_without_effect, 1);
+        assert_eq!(verdict.late.len(), 1, "{:?}", verdict.findings());
+        assert_eq!(verdict.late[0].holders, [""]);
+    }
+
+    #[test]
+    fn nothing_examined_proves_nothing_and_unparsed_agents_fail() {
+        let events = two_terms();
+        let verdict = check(&events, &lease());
+        assert!(verdict.clean());
+        assert!(verdict.ensure(1, 2).is_err(), "no write examined");
+        assert!(verdict.ensure(0, 2).is_ok());
+        let mut events = two_terms();
+        events.push(write(
+            "myresource-operator/0.1.0",
+            "patch",
+            "configmaps",
+            "x",
+            (1.0, 1.1),
+            200,
+            Some(11),
+        ));
+        let verdict = check(&events, &lease());
+        assert_eq!(verdict.unparsed.len(), 1);
+        assert!(verdict.ensure(0, 0).is_err());
+    }
+
+    #[test]
+    fn other_groups_are_not_judged_but_writers_of_no_group_are_reported() {
+        let mut events = two_terms();
+        // c leads another group's Lease and writes: not this group's business.
+        let mut other = lease_write("c", "c", (0.0, 0.1), 200, Some(9));
+        other.object_ref.as_mut().unwrap().namespace = "other".into();
+        events.push(other);
+        events.push(write(
+            &ua("c"),
+            "patch",
+            "configmaps",
+            "x",
+            (6.0, 6.1),
+            200,
+            Some(30),
+        ));
+        // d never touched a Lease, yet writes.
+        events.push(write(
+            &ua("d"),
+            "patch",
+            "configmaps",
+            "x",
+            (6.0, 6.1),
+            200,
+            Some(31),
+        ));
+        let verdict = check(&events, &lease());
+        assert!(verdict.late.is_empty(), "{:?}", verdict.findings());
+        assert_eq!(verdict.ungrouped.len(), 1);
+    }
+
+    /// Shard Lease `g-<shard>`'s write by `id`.
+    fn shard_write(id: &str, shard: usize, at: (f64, f64), rv: u64) -> AuditEvent {
+        let mut e = lease_write(id, id, at, 200, Some(rv));
+        e.object_ref.as_mut().unwrap().name = shard_lease("g", shard);
+        e
+    }
+
+    /// A uid that `ShardKey::new(2)` puts in `shard`.
+    fn uid_in(shard: usize, not: &str) -> String {
+        (0..)
+            .map(|i| format!("uid-{i}"))
+            .find(|u| ShardKey::new(2).shard_of_uid(u) == shard && u != not)
+            .unwrap()
+    }
+
+    #[test]
+    fn scale_out_writes_are_judged_by_the_owner_uid_not_the_name() {
+        let (u0, u1) = (uid_in(0, ""), uid_in(1, ""));
+        let created = |uid: &str, at: (f64, f64), rv: u64| {
+            let mut e = write("kubectl", "create", "myresources", "foo", at, 201, Some(rv));
+            e.response_object.as_mut().unwrap()["metadata"]["uid"] = uid.into();
+            e
+        };
+        let mut events = vec![
+            shard_write("x", 0, (0.0, 0.1), 10),
+            shard_write("y", 1, (0.0, 0.1), 11),
+            created(&u0, (1.0, 1.1), 12),
+            // foo in shard 0: x's writes are fine.
+            status("x", "foo", &u0, (2.0, 2.1), Some(13)),
+        ];
+        // foo deleted and created again: its new uid is in shard 1, led by y.
+        events.push(created(&u1, (3.0, 3.1), 14));
+        // x's shard-0 worker writes the new object's status, its ConfigMap and an Event:
+        // by name, x led "a shard foo had"; by uid, it is y's shard.
+        events.push(status("x", "foo", &u1, (4.0, 4.1), Some(15)));
+        let mut cm = write(
+            &ua("x"),
+            "patch",
+            "configmaps",
+            "foo",
+            (4.0, 4.1),
+            200,
+            Some(16),
+        );
+        cm.response_object.as_mut().unwrap()["metadata"]["ownerReferences"] =
+            json!([{"uid": u1, "controller": true}]);
+        events.push(cm);
+        let mut event = write(
+            &ua("x"),
+            "create",
+            "events",
+            "foo.1",
+            (4.0, 4.1),
+            201,
+            Some(17),
+        );
+        event.response_object.as_mut().unwrap()["regarding"] = json!({"uid": u1});
+        events.push(event);
+        // x deletes foo's ConfigMap (answered with a Status): it is about the uid foo has.
+        let mut delete = write(
+            &ua("x"),
+            "delete",
+            "configmaps",
+            "foo",
+            (5.0, 5.1),
+            200,
+            None,
+        );
+        delete.response_object = Some(json!({"kind": "Status", "details": {"uid": "cm"}}));
+        events.push(delete);
+        // y writes its own object: fine. An Event about nothing known: unattributed.
+        events.push(status("y", "foo", &u1, (6.0, 6.1), Some(18)));
+        events.push(write(
+            &ua("y"),
+            "create",
+            "events",
+            "bar.1",
+            (6.0, 6.1),
+            201,
+            Some(19),
+        ));
+
+        let verdict = check(&events, &Fences::shards("ns", "g", 2));
+        assert_eq!(verdict.terms_examined, 2);
+        assert_eq!(verdict.writes_examined, 7);
+        let late: Vec<(&str, Option<usize>)> = verdict
+            .late
+            .iter()
+            .map(|l| (l.write.resource(), l.shard))
+            .collect();
+        assert_eq!(
+            late,
+            [
+                ("myresources", Some(1)),
+                ("configmaps", Some(1)),
+                ("events", Some(1)),
+                ("configmaps", Some(1)),
+            ]
+        );
+        assert_eq!(verdict.unattributed.len(), 1);
+    }
+}
