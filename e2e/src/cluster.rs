@@ -383,6 +383,37 @@ impl Cluster {
         Ok(())
     }
 
+    /// The address kube-apiserver reaches etcd at (from its `--etcd-servers`).
+    pub fn etcd_addr(&self) -> Result<std::net::SocketAddr> {
+        let (_, args) = self
+            .commands
+            .get("kube-apiserver")
+            .ok_or_else(|| anyhow!("no kube-apiserver"))?;
+        let url = args
+            .iter()
+            .find_map(|a| a.to_str()?.strip_prefix("--etcd-servers=http://"))
+            .ok_or_else(|| anyhow!("kube-apiserver has no --etcd-servers"))?;
+        Ok(url.parse()?)
+    }
+
+    /// Restarts kube-apiserver reaching etcd at `addr` instead (a [`crate::proxy::Proxy`]
+    /// in front of it, say).
+    pub async fn reroute_etcd(&mut self, addr: std::net::SocketAddr) -> Result<()> {
+        let (_, args) = self
+            .commands
+            .get_mut("kube-apiserver")
+            .ok_or_else(|| anyhow!("no kube-apiserver"))?;
+        for arg in args.iter_mut() {
+            if arg
+                .to_str()
+                .is_some_and(|a| a.starts_with("--etcd-servers="))
+            {
+                *arg = format!("--etcd-servers=http://{addr}").into();
+            }
+        }
+        self.restart("kube-apiserver").await
+    }
+
     fn write_record(&self) -> Result<()> {
         let record = Record {
             server: self.server.clone(),

@@ -2,8 +2,8 @@
 //!
 //! - `cluster up|down [--dir DIR] [--node]`: a local control plane that outlives the command,
 //!   with a real node when asked; `cluster probe runc|kubelet`: NODE.md's fail-fast checks;
-//! - `test`: every test (unit and end-to-end against a real control plane), eleven seeded
-//!   chaos rounds (one of each fault kind), ten in scale-out mode and six in-cluster ones,
+//! - `test`: every test (unit and end-to-end against a real control plane), twelve seeded
+//!   chaos rounds (one of each fault kind), eleven in scale-out mode and six in-cluster ones,
 //!   the demo once with an empty binaries cache (the first-use path), then a check that no
 //!   control-plane process was left behind;
 //! - `bench`: measurements (throughput against the API server's write ceiling, latency,
@@ -267,10 +267,11 @@ fn test(cargo_args: &[String]) -> Result<()> {
         // Every run exercises failover: a short seeded chaos run (each fault kind once),
         // against processes, against processes in scale-out mode, and against the chart's
         // Pods on a node.
+        let rounds = chaos::ROUNDS_COVERING_EVERY_KIND.map(|n| n.to_string());
         let runs = [
-            &["--rounds", "11"][..],
-            &["--shard-leases", "6", "--rounds", "10"],
-            &["--in-cluster", "--rounds", "6"],
+            vec!["--rounds", &rounds[0]],
+            vec!["--shard-leases", "6", "--rounds", &rounds[1]],
+            vec!["--in-cluster", "--rounds", &rounds[2]],
         ];
         for extra in runs {
             let chaos = Command::new(std::env::current_exe()?)

@@ -13,7 +13,10 @@
 //! - a 5xx answer, or none at all, may still have been applied: the server may commit it
 //!   after the client gave up, up to the request's server-side `timeout` (or the server's
 //!   default 60 s when the client set none);
-//! - any other answer (4xx: a conflict, a failed precondition, a refusal) changed nothing.
+//! - any other answer (4xx: a conflict, a failed precondition, a refusal) changed nothing;
+//! - a write of unknown outcome that carried a resourceVersion precondition another,
+//!   applied, write of the same object also carried lost that race: two writes made from
+//!   the same version cannot both apply.
 //!
 //! Two dated writes are ordered by revision when both have one; otherwise only when one's
 //! window ends before the other's begins. Anything else is "maybe concurrent", and the
@@ -99,20 +102,62 @@ fn window(e: &AuditEvent, possibly: bool) -> (Timestamp, Timestamp) {
     (e.request_received_timestamp, until)
 }
 
+/// An object as the audit log names it (its subresources included).
+type ObjectKey = (String, String, String);
+
+fn object_key(e: &AuditEvent) -> ObjectKey {
+    (
+        e.resource().to_string(),
+        e.namespace().to_string(),
+        e.name().to_string(),
+    )
+}
+
+/// The resourceVersion a write's body required the object to have.
+fn precondition(e: &AuditEvent) -> Option<&str> {
+    e.request_object.as_ref()?["metadata"]["resourceVersion"].as_str()
+}
+
 /// Dates writes, remembering each object's revisions so that an answer repeating one marks
 /// a write that changed nothing.
 #[derive(Debug, Default)]
 pub struct Dater {
     /// Per object (resource/subresource-less key), the revisions answers have carried.
-    seen: BTreeMap<(String, String, String), Vec<u64>>,
+    seen: BTreeMap<ObjectKey, Vec<u64>>,
+    /// Per object, the preconditions that applied writes carried.
+    consumed: BTreeMap<ObjectKey, Vec<String>>,
 }
 
 impl Dater {
+    /// A dater for the writes of `events` (it reads them all once for the preconditions
+    /// applied writes consumed).
+    pub fn new(events: &[AuditEvent]) -> Dater {
+        let mut consumed: BTreeMap<ObjectKey, Vec<String>> = BTreeMap::new();
+        for e in events.iter().filter(|e| e.is_write() && e.succeeded()) {
+            if let Some(rv) = precondition(e) {
+                consumed.entry(object_key(e)).or_default().push(rv.into());
+            }
+        }
+        Dater {
+            seen: BTreeMap::new(),
+            consumed,
+        }
+    }
+
     /// What `e` (a write) did. Call in log order.
     pub fn effect(&mut self, e: &AuditEvent) -> Effect {
         let code = e.code();
         let possibly = code.is_none_or(|c| c >= 500);
         if !possibly && !e.succeeded() {
+            return Effect::Rejected;
+        }
+        if possibly
+            && let Some(rv) = precondition(e)
+            && self
+                .consumed
+                .get(&object_key(e))
+                .is_some_and(|c| c.iter().any(|c| c == rv))
+        {
             return Effect::Rejected;
         }
         let revision = if possibly { None } else { answered_revision(e) };
@@ -219,6 +264,22 @@ pub(crate) mod tests {
             d.until.duration_since(d.from),
             SignedDuration::from_secs(60)
         );
+    }
+
+    #[test]
+    fn a_write_of_unknown_outcome_loses_to_an_applied_one_from_the_same_version() {
+        let body = |rv: &str| Some(json!({"metadata": {"resourceVersion": rv}}));
+        let mut won = write("b", "update", "leases", "n", (1.0, 1.1), 200, Some(8));
+        won.request_object = body("7");
+        let mut lost = write("a", "update", "leases", "n", (1.0, 2.0), 0, None);
+        lost.request_object = body("7");
+        let mut other = lost.clone();
+        other.request_object = body("8");
+        let events = [won.clone(), lost.clone(), other.clone()];
+        let mut dater = Dater::new(&events);
+        assert!(matches!(dater.effect(&won), Effect::Applied(_)));
+        assert_eq!(dater.effect(&lost), Effect::Rejected);
+        assert!(matches!(dater.effect(&other), Effect::Possibly(_)));
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub struct Late<'a> {
     /// The holders of the terms it may have taken effect in ("" for a released Lease, "-"
     /// before the first term).
     pub holders: Vec<String>,
+    /// Those terms' beginnings (none for "-").
+    pub terms: Vec<Acquisition>,
 }
 
 impl Late<'_> {
@@ -113,10 +115,22 @@ impl Late<'_> {
             .dated()
             .and_then(|d| d.revision)
             .map_or(String::new(), |rv| format!(" at revision {rv}"));
+        let began: Vec<String> = self
+            .terms
+            .iter()
+            .map(|t| match t.dated.revision {
+                Some(rv) => format!("{:?} at revision {rv}", t.holder),
+                None => format!(
+                    "{:?} maybe, between {} and {}",
+                    t.holder, t.dated.from, t.dated.until
+                ),
+            })
+            .collect();
         format!(
-            "{}: {how}{rv}{shard} in the term(s) of {:?}",
+            "{}: {how}{rv}{shard} in the term(s) of {:?} (begun: {})",
             self.write.describe(),
-            self.holders
+            self.holders,
+            began.join("; ")
         )
     }
 }
@@ -195,20 +209,23 @@ impl Verdict<'_> {
     }
 }
 
-/// The holders of the terms during which a write dated `d` may have taken effect.
-fn holders_during(terms: &[Acquisition], d: &Dated) -> Vec<String> {
-    let mut out = Vec::new();
+/// The terms during which a write dated `d` may have taken effect, as holders ("-" before
+/// the first term) and those terms' beginnings.
+fn terms_during(terms: &[Acquisition], d: &Dated) -> (Vec<String>, Vec<Acquisition>) {
+    let mut holders = Vec::new();
+    let mut began = Vec::new();
     if terms.first().is_none_or(|t| !t.dated.before(d)) {
-        out.push("-".to_string());
+        holders.push("-".to_string());
     }
     for (i, term) in terms.iter().enumerate() {
         let began_in_time = !d.before(&term.dated);
         let still_on = terms.get(i + 1).is_none_or(|next| !next.dated.before(d));
         if began_in_time && still_on {
-            out.push(term.holder.clone());
+            holders.push(term.holder.clone());
+            began.push(term.clone());
         }
     }
-    out
+    (holders, began)
 }
 
 /// A MyResource's uid by name over time, from its creates in the log.
@@ -291,7 +308,7 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
     verdict.terms_examined = terms.iter().map(Vec::len).sum();
 
     // One pass in log order: dates every write, learns names and owners as it goes.
-    let mut dater = Dater::default();
+    let mut dater = Dater::new(events);
     let mut names = Names::default();
     let mut owners: BTreeMap<&str, &str> = BTreeMap::new();
     let mut writes: Vec<(&AuditEvent, Effect)> = Vec::new();
@@ -339,7 +356,7 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
                 (Some(shard), &terms[shard])
             }
         };
-        let holders = holders_during(fence, dated);
+        let (holders, began) = terms_during(fence, dated);
         let replica = e.replica().unwrap_or_default();
         if holders.iter().any(|h| h != replica) {
             verdict.late.push(Late {
@@ -347,6 +364,7 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
                 effect,
                 shard,
                 holders,
+                terms: began,
             });
         }
     }

@@ -26,7 +26,7 @@ pub struct Acquisition {
 /// relabelling) start no term: they do not stop the holder from believing it leads; the next
 /// replica's acquisition does.
 pub fn acquisitions(events: &[AuditEvent], namespace: &str, name: &str) -> Vec<Acquisition> {
-    let mut dater = Dater::default();
+    let mut dater = Dater::new(events);
     let mut applied: Vec<(Dated, &AuditEvent)> = Vec::new();
     let mut possibly: Vec<(Dated, &AuditEvent)> = Vec::new();
     for e in events

@@ -27,6 +27,9 @@ const RELABEL_COUNT: usize = 6;
 const RELABEL_FOR: Duration = Duration::from_secs(12);
 /// How long the leader's API server is overloaded.
 const OVERLOAD_FOR: Duration = Duration::from_secs(8);
+/// How long `etcd_stall` holds etcd: past the renew deadline and the lease duration (test
+/// timings 4 s / 3 s / 1 s), so every fence closes while writes wait inside the API server.
+pub(super) const ETCD_STALL: Duration = Duration::from_secs(6);
 
 /// Where and when a fault struck: the moment, the leader it struck, what it did.
 pub(super) struct Hit {
@@ -86,6 +89,12 @@ impl Chaos {
                 hit.leader = long;
             }
             Fault::ApiserverOverload => self.overload(leader, &mut hit).await,
+            Fault::EtcdStall => {
+                self.etcd.stall();
+                tokio::time::sleep(ETCD_STALL).await;
+                self.etcd.resume();
+                hit.details["stall_seconds"] = ETCD_STALL.as_secs_f64().into();
+            }
             Fault::PodDelete
             | Fault::ContainerKill
             | Fault::PodFreeze

@@ -39,6 +39,7 @@ use e2e::audit;
 use e2e::cluster::{Cluster, ClusterConfig};
 use e2e::lease::TEST_TIMINGS;
 use e2e::process::Lifetime;
+use e2e::proxy::Proxy;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use myresource_operator::membership::shard_lease;
@@ -50,6 +51,14 @@ use schedule::{Fault, Rng, schedule};
 use workload::{Operations, Workload};
 
 const NAMESPACE: &str = "chaos";
+
+/// Rounds that cover every fault kind once: against processes, in scale-out mode, and
+/// against the chart's Pods on a node.
+pub const ROUNDS_COVERING_EVERY_KIND: [usize; 3] = [
+    schedule::FAULTS.len(),
+    schedule::SHARD_FAULTS.len(),
+    schedule::POD_FAULTS.len(),
+];
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChaosArgs {
@@ -77,6 +86,8 @@ struct Chaos {
     /// Where the report and the replicas' logs go.
     out: PathBuf,
     cluster: Cluster,
+    /// The proxy kube-apiserver reaches etcd through (the `etcd_stall` fault).
+    etcd: Proxy,
     client: Client,
     slots: Vec<Slot>,
     /// Log files of every replica ever started, for the panic check.
@@ -97,7 +108,7 @@ pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
     eprintln!("==> starting a local control plane and three replicas");
-    let cluster = Cluster::start(ClusterConfig {
+    let mut cluster = Cluster::start(ClusterConfig {
         dir: out.join("cluster"),
         otlp_endpoint: None,
         lifetime: Lifetime::TiedToThisProcess,
@@ -105,11 +116,15 @@ pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
         shard_selector: true,
     })
     .await?;
+    // etcd behind a proxy the `etcd_stall` fault can stall.
+    let etcd = Proxy::start(cluster.etcd_addr()?).await?;
+    cluster.reroute_etcd(etcd.addr).await?;
     let client = cluster.client().await?;
     e2e::cluster::create_namespace(&client, NAMESPACE).await?;
     let mut chaos = Chaos {
         out: out.clone(),
         cluster,
+        etcd,
         client,
         slots: Vec::new(),
         logs: Vec::new(),

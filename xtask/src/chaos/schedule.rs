@@ -26,6 +26,10 @@ pub(super) enum Fault {
     /// The leader's API server answers a share of its writes 429 and delays others past
     /// the renew deadline, its renewals among them (so another replica takes over).
     ApiserverOverload,
+    /// etcd stalled behind a proxy for [`super::faults::ETCD_STALL`] (past the renew deadline
+    /// and the lease duration): the writes the API server received queue inside it and
+    /// commit when etcd flows again, after their clients (and their fences) gave up.
+    EtcdStall,
     /// In a cluster: the leader's Pod deleted through the API (`kubectl delete pod`).
     PodDelete,
     /// In a cluster: the leader's container process SIGKILLed from the node.
@@ -41,7 +45,7 @@ pub(super) enum Fault {
 }
 
 /// The faults against replicas run as processes.
-pub(super) const FAULTS: [Fault; 11] = [
+pub(super) const FAULTS: [Fault; 12] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
@@ -53,12 +57,13 @@ pub(super) const FAULTS: [Fault; 11] = [
     Fault::LeaseRelabelKill,
     Fault::MixedTimings,
     Fault::ApiserverOverload,
+    Fault::EtcdStall,
 ];
 
 /// The faults of scale-out mode (`--shard-leases`): those that strike a replica, and the
 /// foreign writes to a shard Lease the struck replica holds. Mixed timings have no
 /// counterpart: a replica group shares its timings through the chart.
-pub(super) const SHARD_FAULTS: [Fault; 10] = [
+pub(super) const SHARD_FAULTS: [Fault; 11] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
@@ -69,6 +74,7 @@ pub(super) const SHARD_FAULTS: [Fault; 10] = [
     Fault::LeaseClearHolder,
     Fault::LeaseRelabelKill,
     Fault::ApiserverOverload,
+    Fault::EtcdStall,
 ];
 
 /// The faults against the chart's Pods on the node (`--in-cluster`).
@@ -95,6 +101,7 @@ impl Fault {
             Fault::LeaseRelabelKill => "lease_relabel_kill",
             Fault::MixedTimings => "mixed_timings",
             Fault::ApiserverOverload => "apiserver_overload",
+            Fault::EtcdStall => "etcd_stall",
             Fault::PodDelete => "pod_delete",
             Fault::ContainerKill => "container_sigkill",
             Fault::PodFreeze => "pod_freeze",
