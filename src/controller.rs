@@ -5,8 +5,10 @@
 //! - followers enqueue nothing (their caches stay warm, their queues empty);
 //! - a term starts by marking its shards led and then enqueuing every key of theirs in the
 //!   warm MyResource cache (no LIST, no waiting), so no change between the two is missed;
-//! - a term ends by cancelling the workers (in-flight reconciles are dropped at their next
-//!   await; writes are fenced anyway) and clearing its queues.
+//! - a term ends by cancelling the workers and clearing its queues; a reconcile in flight
+//!   may finish for [`FINISH_AFTER_CANCEL`] (the fence is closed by then, so it writes
+//!   nothing new, and the writes it sent get their answers, so the release need not wait
+//!   for their deadlines), then is dropped.
 //!
 //! A term covers every shard (one Lease), or in scale-out mode one shard (its shard
 //! Lease): a key's shard is then its MyResource's uid's ([`crate::shardkey`]), looked up
@@ -32,6 +34,10 @@ use crate::queue::Outcome;
 use crate::reconcile::{Context, reconcile};
 use crate::shard::{Shard, Shards, shard_of};
 use crate::shardkey::ShardKey;
+
+/// How long a reconcile in flight when its term ends may go on: enough for the answers to
+/// the writes it sent (a reconcile takes milliseconds), bounded for one stuck on a read.
+pub const FINISH_AFTER_CANCEL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why a key was last enqueued, and the span of that watch event.
 #[derive(Debug, Clone)]
@@ -209,7 +215,10 @@ impl Controller {
             let started = Instant::now();
             let result = tokio::select! {
                 result = reconcile(&ctx, &key).instrument(span.clone()) => Some(result),
-                _ = cancel.cancelled() => None,
+                _ = async {
+                    cancel.cancelled().await;
+                    tokio::time::sleep(FINISH_AFTER_CANCEL).await;
+                } => None,
             };
             let Some(result) = result else {
                 self.metrics.reconcile_finished(started.elapsed(), None);

@@ -65,6 +65,7 @@ use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use crate::assignment::Intent;
 use crate::crash::{self, Exit};
+use crate::fence::SETTLE_MARGIN;
 use crate::leadership::{Leadership, Transition};
 use crate::metrics::Metrics;
 use crate::pod::PodInfo;
@@ -949,6 +950,16 @@ impl Driver {
     /// is already closed (by [`Leadership`]'s shutdown) when this runs.
     async fn release(&mut self) {
         self.elector.step_down();
+        // A follower takes a released Lease at once, with no margin for writes of ours that
+        // the server may still apply: wait them out (at most until the fence's end, which is
+        // before the Lease could expire), or leave the Lease to expire.
+        let limit = Instant::now() + self.elector.timings().renew_deadline + SETTLE_MARGIN;
+        if !self.leadership.writes_settled(limit).await {
+            warn!(
+                "a write of this term may still be applied: leaving the Lease to expire instead of releasing it"
+            );
+            return;
+        }
         // A shard's next leader is the plan's, not a successor's.
         let successor = self
             .replicas

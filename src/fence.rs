@@ -14,6 +14,13 @@
 //! does not apply it after that either (its deadline counts from when it received the
 //! request, so it ends at most one network transit after the fence: far inside the margin
 //! `lease duration - renew deadline` that followers wait beyond the fence).
+//!
+//! A takeover that does not wait for the Lease to expire (a graceful release, a hand-off)
+//! has no such margin, so the fence also tracks the writes it let through ([`Write`]): a
+//! write answered 2xx or 4xx is settled; one answered 5xx, or dropped before its answer,
+//! may still be applied by the server until its deadline. [`Fence::settled`] tells when
+//! every write this fence let through is settled, and a release waits for that
+//! ([`crate::election`]), so no write of a released term takes effect after the release.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,10 +40,68 @@ impl std::error::Error for NotLeader {}
 /// A write shorter than this is not worth sending: it could not finish in time.
 pub const MIN_WRITE_TIME: Duration = Duration::from_millis(20);
 
+/// How long after a write's deadline the server may still commit it: the time its request
+/// took to reach the server (its `timeout` counts from there) and etcd's commit of a
+/// transaction sent just before the server gave up.
+pub const SETTLE_MARGIN: Duration = Duration::from_millis(100);
+
 /// Shared between the leadership lifecycle (which extends and revokes it), the reconcilers
 /// and the reconcile client's write layer. Closed until the first term begins.
 #[derive(Debug, Clone, Default)]
-pub struct Fence(Arc<Mutex<Option<Instant>>>);
+pub struct Fence(Arc<Mutex<State>>);
+
+#[derive(Debug, Default)]
+struct State {
+    /// Writes may start until then; `None` when closed.
+    until: Option<Instant>,
+    /// Writes sent and not yet answered.
+    in_flight: usize,
+    /// The latest deadline of a write that was answered 5xx or dropped unanswered: the
+    /// server may apply it until then.
+    unsettled_until: Option<Instant>,
+}
+
+/// When every write a fence let through is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Writes are still waiting for their answers.
+    Pending,
+    /// From this instant on (it may be past): no write can take effect any more.
+    At(Instant),
+}
+
+/// A write the fence let through, until its answer. Dropped without [`Write::answered`]
+/// (the request failed on the way, or its caller gave up), it counts as maybe applied
+/// until its deadline.
+#[derive(Debug)]
+pub struct Write {
+    fence: Fence,
+    deadline: Deadline,
+    answered: bool,
+}
+
+impl Write {
+    /// The server answered with `status`: settled unless it is a 5xx (the server may
+    /// still apply the write until its deadline).
+    pub fn answered(mut self, status: u16) {
+        self.answered = status < 500;
+    }
+
+    pub fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+}
+
+impl Drop for Write {
+    fn drop(&mut self) {
+        let mut state = self.fence.0.lock().expect("fence lock");
+        state.in_flight -= 1;
+        if !self.answered {
+            let until = self.deadline.at + SETTLE_MARGIN;
+            state.unsettled_until = Some(state.unsettled_until.map_or(until, |u| u.max(until)));
+        }
+    }
+}
 
 /// How long a write that starts now may take: until the fence's expiry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,23 +121,62 @@ impl Deadline {
 impl Fence {
     /// Allows writes until `until`.
     pub fn extend(&self, until: Instant) {
-        *self.0.lock().expect("fence lock") = Some(until);
+        self.0.lock().expect("fence lock").until = Some(until);
     }
 
     /// Blocks writes from now on.
     pub fn revoke(&self) {
-        *self.0.lock().expect("fence lock") = None;
+        self.0.lock().expect("fence lock").until = None;
     }
 
     /// The deadline of a write that starts at `now`, or [`NotLeader`] when the fence is
     /// closed or would close within [`MIN_WRITE_TIME`].
     pub fn deadline_at(&self, now: Instant) -> Result<Deadline, NotLeader> {
-        match *self.0.lock().expect("fence lock") {
+        match self.0.lock().expect("fence lock").until {
             Some(until) if until.saturating_duration_since(now) >= MIN_WRITE_TIME => Ok(Deadline {
                 at: until,
                 remaining: until - now,
             }),
             _ => Err(NotLeader),
+        }
+    }
+
+    /// Lets a write start at `now` (see [`Fence::deadline_at`]) and tracks it until its
+    /// answer.
+    pub fn begin_write(&self, now: Instant) -> Result<Write, NotLeader> {
+        let deadline = self.deadline_at(now)?;
+        self.0.lock().expect("fence lock").in_flight += 1;
+        Ok(Write {
+            fence: self.clone(),
+            deadline,
+            answered: false,
+        })
+    }
+
+    /// When every write this fence let through is settled.
+    pub fn settled(&self) -> Settled {
+        let state = self.0.lock().expect("fence lock");
+        if state.in_flight > 0 {
+            return Settled::Pending;
+        }
+        Settled::At(state.unsettled_until.unwrap_or_else(Instant::now))
+    }
+
+    /// Waits until every write this fence let through is settled; `false` when that has
+    /// not happened by `limit`.
+    pub async fn wait_settled(&self, limit: Instant) -> bool {
+        loop {
+            // tokio's clock (the real one, or a test's paused one).
+            let now = tokio::time::Instant::now().into_std();
+            let wake = match self.settled() {
+                Settled::At(at) if at <= now => return true,
+                Settled::At(at) => at,
+                Settled::Pending => now + Duration::from_millis(5),
+            };
+            if wake > limit {
+                return false;
+            }
+            tokio::time::sleep_until(wake.into()).await;
         }
     }
 
@@ -122,6 +226,39 @@ mod tests {
         );
         fence.revoke();
         assert_eq!(fence.deadline_at(t), Err(NotLeader));
+    }
+
+    #[test]
+    fn writes_settle_when_answered_or_past_their_deadline() {
+        let t = Instant::now();
+        let fence = Fence::default();
+        fence.extend(t + Duration::from_secs(10));
+        assert!(matches!(fence.settled(), Settled::At(_)));
+        let ok = fence.begin_write(t).unwrap();
+        let failed = fence.begin_write(t).unwrap();
+        let dropped = fence.begin_write(t + Duration::from_secs(1)).unwrap();
+        assert_eq!(fence.settled(), Settled::Pending);
+        ok.answered(409);
+        failed.answered(504);
+        assert_eq!(fence.settled(), Settled::Pending, "one still in flight");
+        drop(dropped);
+        // The 5xx and the dropped one may be applied until the fence's end (their deadline).
+        assert_eq!(
+            fence.settled(),
+            Settled::At(t + Duration::from_secs(10) + SETTLE_MARGIN)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_for_settled_writes_is_bounded() {
+        let t = tokio::time::Instant::now().into_std();
+        let fence = Fence::default();
+        fence.extend(t + Duration::from_secs(2));
+        drop(fence.begin_write(t).unwrap());
+        assert!(!fence.wait_settled(t + Duration::from_secs(1)).await);
+        assert!(fence.wait_settled(t + Duration::from_secs(3)).await);
+        let now = tokio::time::Instant::now().into_std();
+        assert!(now >= t + Duration::from_secs(2) + SETTLE_MARGIN);
     }
 
     #[test]

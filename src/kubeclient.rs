@@ -274,15 +274,22 @@ where
             let response = self.inner.call(request);
             return Box::pin(async move { response.await.map_err(Into::into) });
         }
-        let deadline = match self.fence.deadline_at(Instant::now()) {
-            Ok(deadline) => deadline,
+        let write = match self.fence.begin_write(Instant::now()) {
+            Ok(write) => write,
             Err(not_leader) => return Box::pin(async move { Err(not_leader.into()) }),
         };
+        let deadline = write.deadline();
         *request.uri_mut() = with_timeout(request.uri(), &deadline.timeout_param());
         let response = self.inner.call(request);
         Box::pin(async move {
             match tokio::time::timeout_at(deadline.at.into(), response).await {
-                Ok(result) => result.map_err(Into::into),
+                Ok(Ok(response)) => {
+                    write.answered(response.status().as_u16());
+                    Ok(response)
+                }
+                // Failed on the way or abandoned: `write` is dropped unanswered, so it counts
+                // as maybe applied until its deadline.
+                Ok(Err(err)) => Err(err.into()),
                 Err(_) => Err(FenceExpired.into()),
             }
         })

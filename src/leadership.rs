@@ -10,8 +10,9 @@
 //! - once shut down, nothing reopens the fence: a renew that lands during the shutdown
 //!   cannot start a new term;
 //! - shutdown order: close the fence, cancel the workers and wait for them (bounded by the
-//!   grace period), then stop the election, which releases the Lease. The release comes
-//!   last so a follower that takes over at once never overlaps with our workers. A handoff
+//!   grace period), then stop the election, which releases the Lease once every write the
+//!   term let through is settled ([`Leadership::writes_settled`]). The release comes last
+//!   so a follower that takes over at once never overlaps with our writes. A handoff
 //!   (scale-out mode: a shard given to another replica) keeps the same order: the election
 //!   steps down, waits until the term's workers have stopped ([`Leadership::wait_idle`]),
 //!   then releases.
@@ -105,6 +106,12 @@ impl Leadership {
     /// The Lease this leadership is of.
     pub fn lease(&self) -> &str {
         &self.lease
+    }
+
+    /// Waits until every write the term let through is settled (answered, or past the
+    /// deadline until which the server may apply it); `false` when not by `limit`.
+    pub async fn writes_settled(&self, limit: Instant) -> bool {
+        self.fence.wait_settled(limit).await
     }
 
     /// Waits until no worker of a term runs (at once if none does).

@@ -311,6 +311,7 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
     let mut dater = Dater::new(events);
     let mut names = Names::default();
     let mut owners: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut subjects: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     let mut writes: Vec<(&AuditEvent, Effect)> = Vec::new();
     for e in events.iter().filter(|e| e.is_write()) {
         let effect = dater.effect(e);
@@ -324,6 +325,13 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
                     (body["metadata"]["uid"].as_str(), controller_uid(body))
             {
                 owners.insert(uid, owner);
+            }
+            if e.resource() == "events"
+                && e.verb == "create"
+                && let Some(uid) = bodies(e).find_map(event_subject)
+                && let Some(name) = bodies(e).find_map(|b| b["metadata"]["name"].as_str())
+            {
+                subjects.insert((e.namespace(), name), uid);
             }
         }
         let Some(replica) = e.replica() else { continue };
@@ -348,7 +356,12 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
         let (shard, fence) = match fences {
             Fences::Lease { .. } => (None, &terms[0]),
             Fences::Shards { key, .. } => {
-                let Some(uid) = owner_uid(e, dated, &names, &owners) else {
+                let known = Known {
+                    names: &names,
+                    owners: &owners,
+                    subjects: &subjects,
+                };
+                let Some(uid) = owner_uid(e, dated, &known) else {
                     verdict.unattributed.push(e);
                     continue;
                 };
@@ -371,34 +384,47 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
     verdict
 }
 
+/// The uid an Event is about.
+fn event_subject(body: &Value) -> Option<&str> {
+    body["regarding"]["uid"]
+        .as_str()
+        .or_else(|| body["involvedObject"]["uid"].as_str())
+}
+
+/// What the log taught about objects a write's own bodies may not name.
+struct Known<'k, 'a> {
+    /// MyResource uids by name over time.
+    names: &'k Names<'a>,
+    /// ConfigMap uid → its controller owner's uid.
+    owners: &'k BTreeMap<&'a str, &'a str>,
+    /// Event (namespace, name) → the uid it is about, from its create.
+    subjects: &'k BTreeMap<(&'a str, &'a str), &'a str>,
+}
+
 /// The uid of the MyResource a write is about (see the module's doc).
-fn owner_uid<'a>(
-    e: &'a AuditEvent,
-    dated: &Dated,
-    names: &Names<'a>,
-    owners: &BTreeMap<&'a str, &'a str>,
-) -> Option<&'a str> {
+fn owner_uid<'a>(e: &'a AuditEvent, dated: &Dated, known: &Known<'_, 'a>) -> Option<&'a str> {
     let from_body = |read: fn(&Value) -> Option<&str>| bodies(e).find_map(read);
     match e.resource() {
         "myresources" => from_body(|b| b["metadata"]["uid"].as_str())
-            .or_else(|| names.uid_at(e.namespace(), e.name(), dated)),
+            .or_else(|| known.names.uid_at(e.namespace(), e.name(), dated)),
         "configmaps" if e.verb == "delete" => {
-            names.uid_at(e.namespace(), e.name(), dated).or_else(|| {
-                // The deleted ConfigMap, named by the answer or the precondition.
-                let deleted = e
-                    .response_object
-                    .as_ref()
-                    .and_then(|b| b["details"]["uid"].as_str())
-                    .or_else(|| e.request_object.as_ref()?["preconditions"]["uid"].as_str())?;
-                owners.get(deleted).copied()
-            })
+            known
+                .names
+                .uid_at(e.namespace(), e.name(), dated)
+                .or_else(|| {
+                    // The deleted ConfigMap, named by the answer or the precondition.
+                    let deleted = e
+                        .response_object
+                        .as_ref()
+                        .and_then(|b| b["details"]["uid"].as_str())
+                        .or_else(|| e.request_object.as_ref()?["preconditions"]["uid"].as_str())?;
+                    known.owners.get(deleted).copied()
+                })
         }
         "configmaps" => from_body(controller_uid),
-        "events" => from_body(|b| {
-            b["regarding"]["uid"]
-                .as_str()
-                .or_else(|| b["involvedObject"]["uid"].as_str())
-        }),
+        // A series patch that got no answer names nothing: its create did.
+        "events" => from_body(event_subject)
+            .or_else(|| known.subjects.get(&(e.namespace(), e.name())).copied()),
         _ => None,
     }
 }
@@ -655,6 +681,11 @@ mod tests {
         );
         delete.response_object = Some(json!({"kind": "Status", "details": {"uid": "cm"}}));
         events.push(delete);
+        // x's series patch of that Event, answered 504 with no body: its create named u1.
+        let mut series = write(&ua("x"), "patch", "events", "foo.1", (4.5, 4.6), 504, None);
+        series.request_uri =
+            "/apis/events.k8s.io/v1/namespaces/ns/events/foo.1?timeout=500ms".into();
+        events.push(series);
         // y writes its own object: fine. An Event about nothing known: unattributed.
         events.push(status("y", "foo", &u1, (6.0, 6.1), Some(18)));
         events.push(write(
@@ -669,7 +700,7 @@ mod tests {
 
         let verdict = check(&events, &Fences::shards("ns", "g", 2));
         assert_eq!(verdict.terms_examined, 2);
-        assert_eq!(verdict.writes_examined, 7);
+        assert_eq!(verdict.writes_examined, 8);
         let late: Vec<(&str, Option<usize>)> = verdict
             .late
             .iter()
@@ -682,6 +713,7 @@ mod tests {
                 ("configmaps", Some(1)),
                 ("events", Some(1)),
                 ("configmaps", Some(1)),
+                ("events", Some(1)),
             ]
         );
         assert_eq!(verdict.unattributed.len(), 1);

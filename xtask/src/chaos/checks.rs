@@ -8,10 +8,10 @@ use anyhow::Result;
 use e2e::audit::{self, Acquisition, AuditEvent};
 use e2e::lease;
 use e2e::operator::http_get;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::{Api, Client};
-use myresource_operator::resource::MyResource;
+use kube::{Api, Client, ResourceExt};
+use myresource_operator::resource::{MyResource, POD_LABEL, PodCounts};
 use serde_json::Value;
 
 use super::schedule::goal_of;
@@ -123,33 +123,86 @@ impl Chaos {
     }
 }
 
-/// Objects whose status or ConfigMap has not caught up with their spec within `limit`.
-pub(super) async fn lost_updates(client: &Client, limit: Duration) -> Result<usize> {
+/// What the end of a round found: the objects not converged within the limit, and how
+/// long convergence took.
+pub(super) struct Convergence {
+    pub(super) behind: usize,
+    pub(super) seconds: f64,
+}
+
+/// Whether `mr` is as its spec and the world say: its status describes its generation, is
+/// Ready and counts its labelled Pods (all, and Ready ones) as `pods` holds them; its
+/// ConfigMap carries the spec and is controlled by this MyResource (its uid).
+fn converged(mr: &MyResource, configmaps: &[ConfigMap], pods: &[Pod]) -> bool {
+    let name = mr.metadata.name.as_deref().unwrap_or_default();
+    let Some(status) = mr.status.as_ref() else {
+        return false;
+    };
+    let configmap = configmaps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(name));
+    let data = configmap.and_then(|c| c.data.clone()).unwrap_or_default();
+    let owner = configmap
+        .and_then(|c| c.metadata.owner_references.as_ref())
+        .and_then(|o| o.iter().find(|o| o.controller == Some(true)))
+        .map(|o| o.uid.as_str());
+    let labelled: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.labels().get(POD_LABEL).map(String::as_str) == Some(name))
+        .collect();
+    let ready = labelled
+        .iter()
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count();
+    let counts = PodCounts {
+        total: labelled.len() as i32,
+        ready: ready as i32,
+    };
+    status.observed_generation == mr.metadata.generation
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+        && status.pods == Some(counts)
+        && data.get("message") == Some(&mr.spec.message)
+        && data.get("someValue") == Some(&mr.spec.some_value.to_string())
+        && owner.is_some()
+        && owner == mr.metadata.uid.as_deref()
+}
+
+/// Waits (up to `limit`) until every object has converged (see [`converged`]); the probes
+/// change all the time and are left out (their failover measure shows they are handled).
+pub(super) async fn lost_updates(client: &Client, limit: Duration) -> Result<Convergence> {
     let mrs: Api<MyResource> = Api::namespaced(client.clone(), NAMESPACE);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
-    let deadline = Instant::now() + limit;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let started = Instant::now();
     loop {
         let configmaps = cms.list(&Default::default()).await?.items;
+        let pods = pods.list(&Default::default()).await?.items;
+        let pods: Vec<Pod> = pods
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
         let behind = mrs
             .list(&Default::default())
             .await?
             .items
             .iter()
             .filter(|mr| mr.metadata.deletion_timestamp.is_none())
-            .filter(|mr| {
-                let name = mr.metadata.name.as_deref();
-                let data = configmaps
-                    .iter()
-                    .find(|c| c.metadata.name.as_deref() == name)
-                    .and_then(|c| c.data.clone())
-                    .unwrap_or_default();
-                mr.status.as_ref().and_then(|s| s.observed_generation) != mr.metadata.generation
-                    || data.get("message") != Some(&mr.spec.message)
-                    || data.get("someValue") != Some(&mr.spec.some_value.to_string())
-            })
+            .filter(|mr| !mr.name_any().starts_with("probe-"))
+            .filter(|mr| !converged(mr, &configmaps, &pods))
             .count();
-        if behind == 0 || Instant::now() > deadline {
-            return Ok(behind);
+        if behind == 0 || started.elapsed() > limit {
+            return Ok(Convergence {
+                behind,
+                seconds: started.elapsed().as_secs_f64(),
+            });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -1,7 +1,7 @@
 //! Injecting a round's fault into the replicas, the Lease or the API server, and waiting
 //! for the recovery after it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -13,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::Chaos;
+use super::probe::Probes;
 use super::schedule::Fault;
 
 /// The leader of a `mixed_timings` round: an older replica with longer timings.
@@ -224,50 +225,21 @@ impl Chaos {
         .await
     }
 
-    /// Waits for a live leader and its first reconcile after `fault`; returns the failover
-    /// time in seconds and the leader's slot. In scale-out mode the failover lasts until
-    /// every shard in `struck` (those the struck replica held) has had a reconcile after the
-    /// fault, by whichever replica: the other shards never stopped.
+    /// Waits for a live leader and for the probes of `struck` (every probe when empty) to
+    /// handle a change made after `fault`; returns the failover time in seconds and the
+    /// leader's slot. In scale-out mode the failover lasts until the probe of every shard
+    /// the struck replica held has handled such a change, by whichever replica: the other
+    /// shards never stopped.
     pub(super) async fn recover(
         &self,
+        probes: &Probes,
         fault: Timestamp,
         struck: &BTreeSet<usize>,
     ) -> Result<(Option<f64>, usize)> {
         let leader = self.leader_slot(Duration::from_secs(60)).await?;
-        let slots: Vec<usize> = match self.shards {
-            None => vec![leader],
-            Some(_) => (0..self.slots.len()).collect(),
-        };
-        let first = e2e::wait::poll(
-            "the first reconcile after the fault (of each struck shard)",
-            Duration::from_secs(30),
-            || async {
-                // Per shard (None without shards), the first reconcile after the fault.
-                let mut firsts: BTreeMap<Option<u64>, Timestamp> = BTreeMap::new();
-                for line in slots
-                    .iter()
-                    .flat_map(|i| self.slots[*i].operator.log_lines())
-                {
-                    let at = line["timestamp"].as_str().and_then(|t| t.parse().ok());
-                    let Some(at) = at.filter(|t| line["message"] == "reconciled" && *t > fault)
-                    else {
-                        continue;
-                    };
-                    let first = firsts.entry(line["shard"].as_u64()).or_insert(at);
-                    *first = (*first).min(at);
-                }
-                Ok(match self.shards {
-                    None => firsts.values().min().copied(),
-                    Some(_) => struck
-                        .iter()
-                        .map(|s| firsts.get(&Some(*s as u64)).copied())
-                        .collect::<Option<Vec<_>>>()
-                        .and_then(|at| at.into_iter().max()),
-                })
-            },
-        )
-        .await
-        .ok();
-        Ok((first.map(|t| t.duration_since(fault).as_secs_f64()), leader))
+        let failover = probes
+            .failover(fault, struck, Duration::from_secs(60))
+            .await;
+        Ok((failover, leader))
     }
 }

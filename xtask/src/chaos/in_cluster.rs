@@ -30,6 +30,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::checks::{self, Counts};
+use super::probe::Probes;
 use super::schedule::{Fault, POD_FAULTS, schedule};
 use super::workload::Workload;
 use super::{ChaosArgs, NAMESPACE, Round, report, settle, verdict};
@@ -106,13 +107,14 @@ impl InCluster {
     ) -> Result<Value> {
         e2e::chart::ready_pods(&self.client, NAMESPACE, RELEASE, 3, LIMIT).await?;
         let started_at = Timestamp::now();
+        let probes = Probes::start(&self.client, None).await?;
         let workload = Workload::start(self.client.clone(), args.seed);
         let mut faults = Vec::new();
         let mut counts = Counts::default();
         let kinds = schedule(args.seed, args.rounds, &POD_FAULTS);
         for (round, fault) in kinds.into_iter().enumerate() {
             let record = self
-                .round(cluster, round, fault, &workload, &mut counts)
+                .round(cluster, round, fault, (&workload, &probes), &mut counts)
                 .await?;
             faults.push(record);
         }
@@ -146,7 +148,7 @@ impl InCluster {
         cluster: &mut Cluster,
         round: usize,
         fault: Fault,
-        workload: &Workload,
+        (workload, probes): (&Workload, &Probes),
         counts: &mut Counts,
     ) -> Result<Value> {
         let round_started = Instant::now();
@@ -164,17 +166,11 @@ impl InCluster {
         let at = Timestamp::now();
         let details = self.inject(cluster, fault, round, &leader).await?;
         // Every fault but the API server's restart (the leader keeps the Lease) ends the
-        // term: the failover counts until the next term's first reconcile.
-        let moved = (fault != Fault::ApiserverRestart).then_some(term.as_str());
-        // After an API server restart the Pods reach it again only once kube-proxy has
+        // term. After an API server restart the Pods reach it again only once kube-proxy has
         // re-programmed the Service's endpoint (measured: about 12 s after the restart): the
-        // recovery is the first reconcile after the restart, not one made just before it.
-        let after = if fault == Fault::ApiserverRestart {
-            Timestamp::now()
-        } else {
-            at
-        };
-        let (failover, new_leader) = self.recover(at, after, moved).await?;
+        // failover includes that.
+        let moved = (fault != Fault::ApiserverRestart).then_some(term.as_str());
+        let (failover, new_leader) = self.recover(probes, at, moved).await?;
         let single = self.single_leader().await;
         let lost = settle(&self.client, single, workload, counts).await?;
         self.logs.copy();
@@ -251,30 +247,23 @@ impl InCluster {
         Ok(details)
     }
 
-    /// Waits for a leader (one whose term is not `ended`, when given) and its first
-    /// reconcile after `after`; returns the failover in seconds from the fault at `at`, and
-    /// the leader.
+    /// Waits for the next term (after `ended`, the struck leader's) or any holder, and for
+    /// the probe to handle a change made after the fault at `at`; returns the failover in
+    /// seconds and the leader.
     async fn recover(
         &mut self,
+        probes: &Probes,
         at: Timestamp,
-        after: Timestamp,
         ended: Option<&str>,
     ) -> Result<(Option<f64>, String)> {
         let leader = match ended {
             Some(term) => lease::wait_for_new_term(&self.client, NAMESPACE, term, LIMIT).await?,
             None => lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?,
         };
-        let first = e2e::wait::poll(
-            "the leader's first reconcile after the fault",
-            Duration::from_secs(60),
-            || async {
-                self.logs.copy();
-                Ok(self.logs.first_reconcile(&leader, after))
-            },
-        )
-        .await
-        .ok();
-        Ok((first.map(|t| t.duration_since(at).as_secs_f64()), leader))
+        let failover = probes
+            .failover(at, &Default::default(), Duration::from_secs(60))
+            .await;
+        Ok((failover, leader))
     }
 
     /// Whether exactly one live Pod reports leadership on /metrics within 10 s.
@@ -510,33 +499,5 @@ impl LogCopy {
             .iter()
             .filter(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains("panicked at")))
             .count()
-    }
-
-    /// The time of Pod `pod`'s first "reconciled" log line after `at`.
-    fn first_reconcile(&self, pod: &str, at: Timestamp) -> Option<Timestamp> {
-        let prefix = format!("{NAMESPACE}_{pod}_");
-        self.files(&self.to)
-            .iter()
-            .filter(|f| {
-                f.strip_prefix(&self.to)
-                    .is_ok_and(|r| r.to_string_lossy().starts_with(&prefix))
-            })
-            .flat_map(|f| {
-                std::fs::read_to_string(f)
-                    .unwrap_or_default()
-                    .lines()
-                    .map(String::from)
-                    .collect::<Vec<_>>()
-            })
-            .filter_map(|line| {
-                // CRI log format: <time> <stream> <P|F> <content>.
-                let content = line.splitn(4, ' ').nth(3)?;
-                let entry: Value = serde_json::from_str(content).ok()?;
-                (entry["message"] == "reconciled")
-                    .then(|| entry["timestamp"].as_str()?.parse::<Timestamp>().ok())
-                    .flatten()
-            })
-            .filter(|t| *t > at)
-            .min()
     }
 }

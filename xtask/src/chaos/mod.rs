@@ -14,6 +14,7 @@
 //!   on a local node, with the faults users cause to Pods;
 //! - [`replicas`]: the replica slots, their proxies and configuration;
 //! - [`faults`]: injecting a fault and waiting for the recovery;
+//! - [`probe`]: failover as users feel it, to a change made right after the fault;
 //! - [`workload`]: the steady workload the faults strike under;
 //! - [`checks`]: the invariants, and the time to a new leader from the audit log;
 //! - [`report`] and [`svg`]: `report.json`, `report.md` and `timeline.svg`.
@@ -24,6 +25,7 @@
 mod checks;
 mod faults;
 mod in_cluster;
+mod probe;
 mod replicas;
 mod report;
 mod schedule;
@@ -37,7 +39,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use e2e::audit;
 use e2e::cluster::{Cluster, ClusterConfig};
-use e2e::lease::TEST_TIMINGS;
 use e2e::process::Lifetime;
 use e2e::proxy::Proxy;
 use k8s_openapi::jiff::Timestamp;
@@ -46,6 +47,7 @@ use myresource_operator::membership::shard_lease;
 use serde_json::{Value, json};
 
 use checks::Counts;
+use probe::Probes;
 use replicas::Slot;
 use schedule::{Fault, Rng, schedule};
 use workload::{Operations, Workload};
@@ -157,6 +159,7 @@ impl Chaos {
     async fn rounds(&mut self, args: &ChaosArgs, out: &Path) -> Result<Value> {
         self.start_replicas().await?;
         let started_at = Timestamp::now();
+        let probes = Probes::start(&self.client, self.shards).await?;
         let workload = Workload::start(self.client.clone(), args.seed);
         let mut faults = Vec::new();
         let mut counts = Counts::default();
@@ -168,7 +171,10 @@ impl Chaos {
             .into_iter()
             .enumerate()
         {
-            faults.push(self.round(round, fault, &workload, &mut counts).await?);
+            faults.push(
+                self.round(round, fault, (&workload, &probes), &mut counts)
+                    .await?,
+            );
         }
         let operations = workload.operations();
         workload.stop().await;
@@ -191,7 +197,7 @@ impl Chaos {
         &mut self,
         round: usize,
         fault: Fault,
-        workload: &Workload,
+        (workload, probes): (&Workload, &Probes),
         counts: &mut Counts,
     ) -> Result<Value> {
         let round_started = Instant::now();
@@ -221,7 +227,7 @@ impl Chaos {
             Some(shard) => shard_lease(e2e::shards::GROUP, *shard),
         };
         let hit = self.inject(fault, leader, &lease).await?;
-        let (failover, new_leader) = self.recover(hit.at, &struck).await?;
+        let (failover, new_leader) = self.recover(probes, hit.at, &struck).await?;
         let single = self.single_leader().await;
         let lost = settle(&self.client, single, workload, counts).await?;
         let round = Round {
@@ -258,7 +264,7 @@ struct Round {
 
 impl Round {
     /// The round's record, with what [`settle`] found.
-    fn record(self, single: bool, lost: usize) -> Value {
+    fn record(self, single: bool, convergence: checks::Convergence) -> Value {
         json!({
             "round": self.round + 1,
             "kind": self.fault.kind(),
@@ -269,7 +275,8 @@ impl Round {
             "leader_before": self.leader_before,
             "leader_after": self.leader_after,
             "single_leader_after": single,
-            "lost_updates": lost,
+            "lost_updates": convergence.behind,
+            "converge_seconds": convergence.seconds,
             "round_seconds": self.began.elapsed().as_secs_f64(),
             "operations": self.operations.attempted,
             "operations_succeeded": self.operations.succeeded(),
@@ -278,23 +285,24 @@ impl Round {
     }
 }
 
+/// How long after the workload pauses every object must have converged: the failover is
+/// over by then (the probes showed it), so this is a healthy leader's catching up on the
+/// last second of changes, with room for a slow 2-core machine.
+const CONVERGE_WITHIN: Duration = Duration::from_secs(10);
+
 /// The end of a round: counts a round without exactly one leader (`single`), pauses the
-/// workload and waits for every object to converge; returns the objects that did not.
+/// workload and waits for every object to converge; returns what it found.
 async fn settle(
     client: &Client,
     single: bool,
     workload: &Workload,
     counts: &mut Counts,
-) -> Result<usize> {
+) -> Result<checks::Convergence> {
     if !single {
         counts.rounds_without_single_leader += 1;
     }
     workload.pause().await;
-    let lost = checks::lost_updates(
-        client,
-        TEST_TIMINGS.lease_duration + Duration::from_secs(20),
-    )
-    .await?;
-    counts.lost_updates += lost;
-    Ok(lost)
+    let convergence = checks::lost_updates(client, CONVERGE_WITHIN).await?;
+    counts.lost_updates += convergence.behind;
+    Ok(convergence)
 }

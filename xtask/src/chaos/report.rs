@@ -31,8 +31,10 @@ pub(super) fn build(
         .collect();
     let by_kind = by_kind(&faults);
     let failover = match args.shard_leases {
-        None => "fault → first reconcile by the leader",
-        Some(_) => "fault → every shard the struck replica held reconciled again",
+        None => "fault → a change made right after it handled (the probe's ConfigMap)",
+        Some(_) => {
+            "fault → a change made right after it handled in every shard the struck replica held"
+        }
     };
     json!({
         "failover_measures": failover,
@@ -151,19 +153,23 @@ fn markdown(report: &Value) -> String {
             report["failover_seconds"]
         ),
         String::new(),
-        "| round | fault | failover s | new leader s | overlapping writes | lost updates | round s | details |"
+        "| round | fault | failover s | new leader s | goal met | late writes | lost updates | converged after s | operations (succeeded) | round s | details |"
             .into(),
-        "|---|---|---|---|---|---|---|---|".into(),
+        "|---|---|---|---|---|---|---|---|---|---|---|".into(),
     ];
     for f in report["faults"].as_array().into_iter().flatten() {
         md.push(format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} |",
             f["round"],
             f["kind"].as_str().unwrap_or(""),
             seconds(&f["failover_seconds"]),
             seconds(&f["new_leader_seconds"]),
+            f["goal_met"],
             f["overlapping_writes"],
             f["lost_updates"],
+            seconds(&f["converge_seconds"]),
+            f["operations"],
+            f["operations_succeeded"],
             seconds(&f["round_seconds"]),
             f["details"]
         ));
