@@ -956,6 +956,7 @@ impl Driver {
         let limit = Instant::now() + self.elector.timings().renew_deadline + SETTLE_MARGIN;
         if !self.leadership.writes_settled(limit).await {
             warn!(
+                writes = ?self.leadership.writes(),
                 "a write of this term may still be applied: leaving the Lease to expire instead of releasing it"
             );
             return;

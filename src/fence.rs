@@ -68,6 +68,8 @@ pub enum Settled {
     Pending,
     /// From this instant on (it may be past): no write can take effect any more.
     At(Instant),
+    /// Every write was answered without a doubt.
+    Done,
 }
 
 /// A write the fence let through, until its answer. Dropped without [`Write::answered`]
@@ -159,7 +161,7 @@ impl Fence {
         if state.in_flight > 0 {
             return Settled::Pending;
         }
-        Settled::At(state.unsettled_until.unwrap_or_else(Instant::now))
+        state.unsettled_until.map_or(Settled::Done, Settled::At)
     }
 
     /// Waits until every write this fence let through is settled; `false` when that has
@@ -169,6 +171,7 @@ impl Fence {
             // tokio's clock (the real one, or a test's paused one).
             let now = tokio::time::Instant::now().into_std();
             let wake = match self.settled() {
+                Settled::Done => return true,
                 Settled::At(at) if at <= now => return true,
                 Settled::At(at) => at,
                 Settled::Pending => now + Duration::from_millis(5),
@@ -233,7 +236,7 @@ mod tests {
         let t = Instant::now();
         let fence = Fence::default();
         fence.extend(t + Duration::from_secs(10));
-        assert!(matches!(fence.settled(), Settled::At(_)));
+        assert_eq!(fence.settled(), Settled::Done);
         let ok = fence.begin_write(t).unwrap();
         let failed = fence.begin_write(t).unwrap();
         let dropped = fence.begin_write(t + Duration::from_secs(1)).unwrap();
@@ -254,6 +257,8 @@ mod tests {
         let t = tokio::time::Instant::now().into_std();
         let fence = Fence::default();
         fence.extend(t + Duration::from_secs(2));
+        // Nothing sent: settled at once, whatever the limit.
+        assert!(fence.wait_settled(t).await);
         drop(fence.begin_write(t).unwrap());
         assert!(!fence.wait_settled(t + Duration::from_secs(1)).await);
         assert!(fence.wait_settled(t + Duration::from_secs(3)).await);

@@ -114,6 +114,11 @@ impl Leadership {
         self.fence.wait_settled(limit).await
     }
 
+    /// Where the writes the term let through stand.
+    pub fn writes(&self) -> crate::fence::Settled {
+        self.fence.settled()
+    }
+
     /// Waits until no worker of a term runs (at once if none does).
     pub async fn wait_idle(&self) {
         let mut running = self.running.subscribe();

@@ -105,7 +105,12 @@ async fn sigterm_hands_over_fast_with_no_list_and_no_write() -> Result<()> {
     // The handover's clock starts at the signal (stop sends SIGTERM, then waits for the exit).
     let signalled = Timestamp::now();
     replicas[leader].stop();
-    assert!(replicas[leader].log().contains("released the Lease"));
+    let log = replicas[leader].log();
+    assert!(
+        log.contains("released the Lease"),
+        "the leader did not release the Lease: {}",
+        log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
     let new = wait_for_leader(&env, &replicas, Some(&old)).await?;
     let first = wait_for_log(
         &replicas[new],
