@@ -29,7 +29,7 @@ pub(super) struct Counts {
 /// The fewest successful workload operations a round must see: fewer, and the round
 /// struck an idle system (a round lets the workload run for 2 s at 10 per second before its
 /// fault, and on until the recovery).
-const MIN_OPERATIONS_PER_ROUND: u64 = 10;
+const MIN_OPERATIONS_PER_ROUND: u64 = 5;
 
 /// The fewest writes the fencing check must examine per round, and terms per run: fewer,
 /// and the check looked at too little to prove anything.
@@ -261,9 +261,9 @@ pub(super) fn fencing(
     }
 }
 
-/// Sets each round's `goal_met`: its failover came (a reconcile after the fault), within
-/// its fault's goal for a new leader where there is one, and the workload ran
-/// ([`MIN_OPERATIONS_PER_ROUND`] successful operations at least).
+/// Sets each round's `goal_met`: its failover came (a change made after the fault was
+/// handled), within its fault's goal for a new leader where there is one, and the workload
+/// ran ([`MIN_OPERATIONS_PER_ROUND`] successful operations at least).
 pub(super) fn judge_goals(faults: &mut [Value]) {
     for fault in faults.iter_mut() {
         let goal = goal_of(fault["kind"].as_str().unwrap_or_default());
