@@ -458,6 +458,11 @@ mod tests {
         Fences::lease("ns", "n")
     }
 
+    /// A patch of ConfigMap `ns/x` by user agent `agent`, answered 200 with revision `rv`.
+    fn cm_patch(agent: &str, at: (f64, f64), rv: u64) -> AuditEvent {
+        write(agent, "patch", "configmaps", "x", at, 200, Some(rv))
+    }
+
     #[test]
     fn a_write_received_in_the_old_term_but_applied_in_the_new_is_late() {
         // Received at 4 s, before b acquired, but queued in the server and committed at
@@ -521,37 +526,13 @@ mod tests {
     fn an_unchanged_answer_is_no_write_and_a_release_ends_the_term() {
         let mut events = vec![
             lease_write("a", "a", (0.0, 0.1), 200, Some(10)),
-            write(
-                &ua("a"),
-                "patch",
-                "configmaps",
-                "x",
-                (1.0, 1.1),
-                200,
-                Some(11),
-            ),
+            cm_patch(&ua("a"), (1.0, 1.1), 11),
             lease_write("a", "", (2.0, 2.1), 200, Some(12)),
         ];
         // After its release: an apply that found everything as asked (revision 11 again)
         // changed nothing; a real change is late.
-        events.push(write(
-            &ua("a"),
-            "patch",
-            "configmaps",
-            "x",
-            (3.0, 3.1),
-            200,
-            Some(11),
-        ));
-        events.push(write(
-            &ua("a"),
-            "patch",
-            "configmaps",
-            "x",
-            (4.0, 4.1),
-            200,
-            Some(13),
-        ));
+        events.push(cm_patch(&ua("a"), (3.0, 3.1), 11));
+        events.push(cm_patch(&ua("a"), (4.0, 4.1), 13));
         let verdict = check(&events, &lease());
         assert_eq!(verdict.writes_without_effect, 1);
         assert_eq!(verdict.late.len(), 1, "{:?}", verdict.findings());
@@ -566,15 +547,7 @@ mod tests {
         assert!(verdict.ensure(1, 2).is_err(), "no write examined");
         assert!(verdict.ensure(0, 2).is_ok());
         let mut events = two_terms();
-        events.push(write(
-            "myresource-operator/0.1.0",
-            "patch",
-            "configmaps",
-            "x",
-            (1.0, 1.1),
-            200,
-            Some(11),
-        ));
+        events.push(cm_patch("myresource-operator/0.1.0", (1.0, 1.1), 11));
         let verdict = check(&events, &lease());
         assert_eq!(verdict.unparsed.len(), 1);
         assert!(verdict.ensure(0, 0).is_err());
@@ -587,25 +560,9 @@ mod tests {
         let mut other = lease_write("c", "c", (0.0, 0.1), 200, Some(9));
         other.object_ref.as_mut().unwrap().namespace = "other".into();
         events.push(other);
-        events.push(write(
-            &ua("c"),
-            "patch",
-            "configmaps",
-            "x",
-            (6.0, 6.1),
-            200,
-            Some(30),
-        ));
+        events.push(cm_patch(&ua("c"), (6.0, 6.1), 30));
         // d never touched a Lease, yet writes.
-        events.push(write(
-            &ua("d"),
-            "patch",
-            "configmaps",
-            "x",
-            (6.0, 6.1),
-            200,
-            Some(31),
-        ));
+        events.push(cm_patch(&ua("d"), (6.0, 6.1), 31));
         let verdict = check(&events, &lease());
         assert!(verdict.late.is_empty(), "{:?}", verdict.findings());
         assert_eq!(verdict.ungrouped.len(), 1);
