@@ -79,14 +79,15 @@ pub enum Settled {
 pub struct Write {
     fence: Fence,
     deadline: Deadline,
-    answered: bool,
+    /// Answered with a status that leaves no doubt (2xx or 4xx).
+    settled: bool,
 }
 
 impl Write {
     /// The server answered with `status`: settled unless it is a 5xx (the server may
     /// still apply the write until its deadline).
     pub fn answered(mut self, status: u16) {
-        self.answered = status < 500;
+        self.settled = status < 500;
     }
 
     pub fn deadline(&self) -> Deadline {
@@ -98,7 +99,7 @@ impl Drop for Write {
     fn drop(&mut self) {
         let mut state = self.fence.0.lock().expect("fence lock");
         state.in_flight -= 1;
-        if !self.answered {
+        if !self.settled {
             let until = self.deadline.at + SETTLE_MARGIN;
             state.unsettled_until = Some(state.unsettled_until.map_or(until, |u| u.max(until)));
         }
@@ -151,7 +152,7 @@ impl Fence {
         Ok(Write {
             fence: self.clone(),
             deadline,
-            answered: false,
+            settled: false,
         })
     }
 
