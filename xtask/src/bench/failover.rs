@@ -40,6 +40,7 @@ impl Bench {
             .failover_runs(&ns, kind, runs, &timings, graceful)
             .await?;
         let stats = summary_with_samples(&samples);
+        let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
         let exit_stats = summary_with_samples(&from_exit);
         let what = if graceful {
             "SIGTERM handover"
@@ -51,7 +52,7 @@ impl Bench {
             json!({"runs": runs, "from_signal": stats, "from_exit": exit_stats}),
             format!(
                 "{what} at {lease}/{renew}/{retry} s, {runs} runs, signal → a change made right after it handled: min {:.3} s, median {:.3} s, p99 {:.3} s (from the old process's exit: median {:.3} s)",
-                stats["min"], stats["median"], stats["p99"], exit_stats["median"]
+                f(&stats["min"]), f(&stats["median"]), f(&stats["p99"]), f(&exit_stats["median"])
             ),
         );
         Ok(())
