@@ -81,7 +81,9 @@ impl TestEnv {
         let verdict = crate::audit::check(&log, &fences);
         eprintln!(
             "fencing check: {} writes and {} terms examined, {} without effect",
-            verdict.writes_examined, verdict.terms_examined, verdict.writes_without_effect
+            verdict.writes_examined,
+            verdict.terms_examined(),
+            verdict.writes_without_effect
         );
         verdict.ensure(min_writes, min_terms)
     }

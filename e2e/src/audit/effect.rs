@@ -79,7 +79,7 @@ impl Effect {
 }
 
 /// The resourceVersion of the object an answer carried.
-pub fn answered_revision(e: &AuditEvent) -> Option<u64> {
+fn answered_revision(e: &AuditEvent) -> Option<u64> {
     e.response_object.as_ref()?["metadata"]["resourceVersion"]
         .as_str()?
         .parse()
@@ -105,11 +105,18 @@ fn window(e: &AuditEvent, possibly: bool) -> (Timestamp, Timestamp) {
 /// An object as the audit log names it (its subresources included).
 type ObjectKey = (String, String, String);
 
+/// The object a write is about: its name from the answer when there is one (a create's
+/// request names none).
 fn object_key(e: &AuditEvent) -> ObjectKey {
+    let name = e
+        .response_object
+        .as_ref()
+        .and_then(|o| o["metadata"]["name"].as_str())
+        .unwrap_or(e.name());
     (
         e.resource().to_string(),
         e.namespace().to_string(),
-        e.name().to_string(),
+        name.to_string(),
     )
 }
 
@@ -162,18 +169,7 @@ impl Dater {
         }
         let revision = if possibly { None } else { answered_revision(e) };
         if let Some(rv) = revision {
-            let name = e.response_object.as_ref().and_then(|o| {
-                o["metadata"]["name"]
-                    .as_str()
-                    .map(str::to_string)
-                    .or_else(|| Some(e.name().to_string()))
-            });
-            let key = (
-                e.resource().to_string(),
-                e.namespace().to_string(),
-                name.unwrap_or_default(),
-            );
-            let seen = self.seen.entry(key).or_default();
+            let seen = self.seen.entry(object_key(e)).or_default();
             // A delete answers with the object as it was; it is a change nonetheless.
             if e.verb != "delete" && seen.contains(&rv) {
                 return Effect::Unchanged;

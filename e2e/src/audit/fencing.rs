@@ -87,14 +87,23 @@ pub struct Late<'a> {
     pub effect: Effect,
     /// The shard whose Lease fences it (scale-out mode).
     pub shard: Option<usize>,
-    /// The holders of the terms it may have taken effect in ("" for a released Lease, "-"
-    /// before the first term).
-    pub holders: Vec<String>,
-    /// Those terms' beginnings (none for "-").
+    /// Whether it may have taken effect before the Lease's first term.
+    pub before_first: bool,
+    /// The terms it may have taken effect in.
     pub terms: Vec<Acquisition>,
 }
 
 impl Late<'_> {
+    /// The holders of the terms it may have taken effect in ("" for a released Lease, "-"
+    /// before the first term).
+    pub fn holders(&self) -> Vec<String> {
+        let before = self.before_first.then(|| "-".to_string());
+        before
+            .into_iter()
+            .chain(self.terms.iter().map(|t| t.holder.clone()))
+            .collect()
+    }
+
     /// When the write may first have taken effect (the round it belongs to).
     pub fn from(&self) -> k8s_openapi::jiff::Timestamp {
         self.effect
@@ -129,7 +138,7 @@ impl Late<'_> {
         format!(
             "{}: {how}{rv}{shard} in the term(s) of {:?} (begun: {})",
             self.write.describe(),
-            self.holders,
+            self.holders(),
             began.join("; ")
         )
     }
@@ -144,8 +153,8 @@ pub struct Verdict<'a> {
     /// Writes by the group's replicas that changed nothing (rejected, or answered with a
     /// revision the object already had).
     pub writes_without_effect: usize,
-    /// Terms (holder changes) of the Lease or of all shard Leases.
-    pub terms_examined: usize,
+    /// The terms (holder changes) of the Lease, or of each shard Lease in shard order.
+    pub terms: Vec<Vec<Acquisition>>,
     pub late: Vec<Late<'a>>,
     /// Scale-out: writes whose object (owner uid) could not be found.
     pub unattributed: Vec<&'a AuditEvent>,
@@ -156,6 +165,11 @@ pub struct Verdict<'a> {
 }
 
 impl Verdict<'_> {
+    /// How many terms the writes were judged against.
+    pub fn terms_examined(&self) -> usize {
+        self.terms.iter().map(Vec::len).sum()
+    }
+
     /// Whether nothing was found wrong (the floors aside).
     pub fn clean(&self) -> bool {
         self.late.is_empty()
@@ -188,44 +202,43 @@ impl Verdict<'_> {
     /// Fails on any finding, or when fewer than `min_writes` writes or `min_terms` terms
     /// were examined (a check that looked at nothing proves nothing).
     pub fn ensure(&self, min_writes: usize, min_terms: usize) -> Result<()> {
-        if !self.clean() {
+        let findings = self.findings();
+        if !findings.is_empty() {
             bail!(
                 "the fencing check found {} problem(s) ({} writes, {} terms examined):\n{}",
-                self.findings().len(),
+                findings.len(),
                 self.writes_examined,
-                self.terms_examined,
-                self.findings().join("\n")
+                self.terms_examined(),
+                findings.join("\n")
             );
         }
-        if self.writes_examined < min_writes || self.terms_examined < min_terms {
+        if self.writes_examined < min_writes || self.terms_examined() < min_terms {
             bail!(
                 "the fencing check examined {} writes and {} terms, fewer than {min_writes} and \
                  {min_terms}: it proves nothing",
                 self.writes_examined,
-                self.terms_examined
+                self.terms_examined()
             );
         }
         Ok(())
     }
 }
 
-/// The terms during which a write dated `d` may have taken effect, as holders ("-" before
-/// the first term) and those terms' beginnings.
-fn terms_during(terms: &[Acquisition], d: &Dated) -> (Vec<String>, Vec<Acquisition>) {
-    let mut holders = Vec::new();
-    let mut began = Vec::new();
-    if terms.first().is_none_or(|t| !t.dated.before(d)) {
-        holders.push("-".to_string());
-    }
-    for (i, term) in terms.iter().enumerate() {
-        let began_in_time = !d.before(&term.dated);
-        let still_on = terms.get(i + 1).is_none_or(|next| !next.dated.before(d));
-        if began_in_time && still_on {
-            holders.push(term.holder.clone());
-            began.push(term.clone());
-        }
-    }
-    (holders, began)
+/// Whether a write dated `d` may have taken effect before the first of `terms`, and the
+/// terms during which it may have.
+fn terms_during(terms: &[Acquisition], d: &Dated) -> (bool, Vec<Acquisition>) {
+    let before_first = terms.first().is_none_or(|t| !t.dated.before(d));
+    let during = terms
+        .iter()
+        .enumerate()
+        .filter(|(i, term)| {
+            let began_in_time = !d.before(&term.dated);
+            let still_on = terms.get(i + 1).is_none_or(|next| !next.dated.before(d));
+            began_in_time && still_on
+        })
+        .map(|(_, term)| term.clone())
+        .collect();
+    (before_first, during)
 }
 
 /// A MyResource's uid by name over time, from its creates in the log.
@@ -299,13 +312,12 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
         }
     }
 
-    let terms: Vec<Vec<Acquisition>> = match fences {
+    verdict.terms = match fences {
         Fences::Lease { name, .. } => vec![acquisitions(events, namespace, name)],
         Fences::Shards { group, key, .. } => (0..key.shards())
             .map(|i| acquisitions(events, namespace, &shard_lease(group, i)))
             .collect(),
     };
-    verdict.terms_examined = terms.iter().map(Vec::len).sum();
 
     // One pass in log order: dates every write, learns names and owners as it goes.
     let mut dater = Dater::new(events);
@@ -347,6 +359,11 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
         }
     }
 
+    let known = Known {
+        names: &names,
+        owners: &owners,
+        subjects: &subjects,
+    };
     for (e, effect) in writes {
         let Some(dated) = effect.dated() else {
             verdict.writes_without_effect += 1;
@@ -354,30 +371,25 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
         };
         verdict.writes_examined += 1;
         let (shard, fence) = match fences {
-            Fences::Lease { .. } => (None, &terms[0]),
+            Fences::Lease { .. } => (None, &verdict.terms[0]),
             Fences::Shards { key, .. } => {
-                let known = Known {
-                    names: &names,
-                    owners: &owners,
-                    subjects: &subjects,
-                };
                 let Some(uid) = owner_uid(e, dated, &known) else {
                     verdict.unattributed.push(e);
                     continue;
                 };
                 let shard = key.shard_of_uid(uid);
-                (Some(shard), &terms[shard])
+                (Some(shard), &verdict.terms[shard])
             }
         };
-        let (holders, began) = terms_during(fence, dated);
+        let (before_first, terms) = terms_during(fence, dated);
         let replica = e.replica().unwrap_or_default();
-        if holders.iter().any(|h| h != replica) {
+        if before_first || terms.iter().any(|t| t.holder != replica) {
             verdict.late.push(Late {
                 write: e,
                 effect,
                 shard,
-                holders,
-                terms: began,
+                before_first,
+                terms,
             });
         }
     }
@@ -472,9 +484,9 @@ mod tests {
         events.push(status("a", "y", "u2", (1.0, 1.1), Some(11)));
         let verdict = check(&events, &lease());
         assert_eq!(verdict.writes_examined, 2);
-        assert_eq!(verdict.terms_examined, 2);
+        assert_eq!(verdict.terms_examined(), 2);
         assert_eq!(verdict.late.len(), 1, "{:?}", verdict.findings());
-        assert_eq!(verdict.late[0].holders, ["b"]);
+        assert_eq!(verdict.late[0].holders(), ["b"]);
     }
 
     #[test]
@@ -536,7 +548,7 @@ mod tests {
         let verdict = check(&events, &lease());
         assert_eq!(verdict.writes_without_effect, 1);
         assert_eq!(verdict.late.len(), 1, "{:?}", verdict.findings());
-        assert_eq!(verdict.late[0].holders, [""]);
+        assert_eq!(verdict.late[0].holders(), [""]);
     }
 
     #[test]
@@ -656,7 +668,7 @@ mod tests {
         ));
 
         let verdict = check(&events, &Fences::shards("ns", "g", 2));
-        assert_eq!(verdict.terms_examined, 2);
+        assert_eq!(verdict.terms_examined(), 2);
         assert_eq!(verdict.writes_examined, 8);
         let late: Vec<(&str, Option<usize>)> = verdict
             .late

@@ -232,13 +232,7 @@ pub(super) fn fencing(
         Some(shards) => e2e::shards::fences(NAMESPACE, shards),
     };
     let verdict = audit::check(events, &fences);
-    let mut terms: Vec<Acquisition> = match shards {
-        None => audit::acquisitions(events, NAMESPACE, lease::NAME),
-        Some(shards) => e2e::shards::terms(events, NAMESPACE, shards)
-            .into_iter()
-            .flatten()
-            .collect(),
-    };
+    let mut terms: Vec<Acquisition> = verdict.terms.iter().flatten().cloned().collect();
     terms.sort_by_key(|t| t.at);
     for fault in faults.iter_mut() {
         fault["new_leader_seconds"] = new_leader_seconds(fault, &terms).into();
@@ -257,7 +251,7 @@ pub(super) fn fencing(
         terms,
         findings: verdict.findings(),
         writes_examined: verdict.writes_examined,
-        terms_examined: verdict.terms_examined,
+        terms_examined: verdict.terms_examined(),
     }
 }
 
