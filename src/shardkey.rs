@@ -5,7 +5,7 @@
 //! buckets (its top byte) and the buckets into S contiguous shards. Why:
 //! - the server can hash only `metadata.uid` or `metadata.namespace` (KEP-5866). Namespace
 //!   names are not random: FNV-1a's top bits barely depend on a name's last characters, so
-//!   `tenant-0` … `tenant-99` fall into one or two ranges (README: measured spreads). Uids
+//!   `tenant-0` … `tenant-99` fall into one or two ranges (docs/scaleout.md: measured spreads). Uids
 //!   are random, so shards are even;
 //! - a MyResource's ConfigMap has a uid of its own, so the server cannot put it on its
 //!   owner's shard by hashing. But the operator writes that ConfigMap, so it labels it with
