@@ -13,7 +13,10 @@
 //! and carries the remaining time as the API server's `timeout` parameter, so the server
 //! does not apply it after that either (its deadline counts from when it received the
 //! request, so it ends at most one network transit after the fence: far inside the margin
-//! `lease duration - renew deadline` that followers wait beyond the fence).
+//! `lease duration - renew deadline` that followers wait beyond the fence). The check at
+//! the start of a write is repeated for every byte the write puts on its socket
+//! ([`crate::kubeclient::FencedIo`]), so a process paused between the two sends nothing
+//! when it wakes after the fence closed.
 //!
 //! A takeover that does not wait for the Lease to expire (a graceful release, a hand-off)
 //! has no such margin, so the fence also tracks the writes it let through ([`Write`]): a
@@ -182,6 +185,16 @@ impl Fence {
             }
             tokio::time::sleep_until(wake.into()).await;
         }
+    }
+
+    /// Whether the fence is open at `now` (a write already let through may still send
+    /// its bytes; see [`crate::kubeclient::FencedIo`]).
+    pub fn is_open(&self, now: Instant) -> bool {
+        self.0
+            .lock()
+            .expect("fence lock")
+            .until
+            .is_some_and(|until| now < until)
     }
 
     /// Whether a write may start now.

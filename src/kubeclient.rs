@@ -8,7 +8,10 @@
 //!   are retried by their queue, election requests by the elector, watches by the caches.
 //! - every write of the reconcile client (POST, PUT, PATCH, DELETE) passes [`FenceLayer`]:
 //!   refused when the fence is closed, abandoned at the fence's expiry, and sent with the
-//!   API server's `timeout` parameter set to the time left (see [`crate::fence`]).
+//!   API server's `timeout` parameter set to the time left (see [`crate::fence`]). Writes
+//!   travel on connections of their own whose sockets take bytes only while the fence is
+//!   open ([`FencedIo`]): a write let through before the process was paused, or while it
+//!   waited in hyper for a connection, is not sent once the fence has closed.
 //! - [`Reachability`] counts the returns of the API server (a success after a failure), so
 //!   the caches can retry their watches at once instead of at their backoff's cap.
 //!
@@ -29,10 +32,16 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use http::{HeaderMap, Method, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::Client;
+use kube::client::{Body, ConfigExt, DynBody};
 use opentelemetry::propagation::Injector;
 use tokio::sync::watch;
-use tower::{BoxError, Layer, Service};
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -105,10 +114,7 @@ impl Clients {
     /// Another reconcile client whose writes pass `fence` (a scale-out replica has one per
     /// shard: each shard's writes are fenced by that shard's Lease).
     pub fn fenced(&self, fence: Fence) -> Result<Client> {
-        Ok(kube::client::ClientBuilder::try_from(self.config.clone())?
-            .with_layer(&self.layer)
-            .with_layer(&FenceLayer { fence })
-            .build())
+        fenced_client(&self.config, fence, &self.layer)
     }
 }
 
@@ -124,10 +130,7 @@ pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) ->
     let election = kube::client::ClientBuilder::try_from(config.clone())?
         .with_layer(&layer)
         .build();
-    let reconcile = kube::client::ClientBuilder::try_from(config.clone())?
-        .with_layer(&layer)
-        .with_layer(&FenceLayer { fence })
-        .build();
+    let reconcile = fenced_client(&config, fence, &layer)?;
     Ok(Clients {
         reconcile,
         election,
@@ -135,6 +138,15 @@ pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) ->
         config,
         layer,
     })
+}
+
+/// A reconcile client: reads through kube's usual stack, writes fenced by `fence`.
+fn fenced_client(config: &kube::Config, fence: Fence, layer: &ApiRequestLayer) -> Result<Client> {
+    let writes = write_service(config, &fence, layer)?;
+    Ok(kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(layer)
+        .with_layer(&FenceLayer { fence, writes })
+        .build())
 }
 
 /// Percent-encodes a query parameter's value.
@@ -228,26 +240,31 @@ fn host_of(config: &kube::Config) -> String {
     format!("{host}{port}")
 }
 
-/// See the module doc.
+/// See the module doc: writes go to `writes` (in production [`WriteService`], connections
+/// of their own on which bytes pass only while the fence is open), reads to the inner
+/// stack.
 #[derive(Debug, Clone)]
-pub struct FenceLayer {
+pub struct FenceLayer<W> {
     fence: Fence,
+    writes: W,
 }
 
-impl<S> Layer<S> for FenceLayer {
-    type Service = FenceService<S>;
+impl<S, W: Clone> Layer<S> for FenceLayer<W> {
+    type Service = FenceService<S, W>;
 
     fn layer(&self, inner: S) -> Self::Service {
         FenceService {
             inner,
+            writes: self.writes.clone(),
             fence: self.fence.clone(),
         }
     }
 }
 
 #[derive(Debug, Clone)]
-pub struct FenceService<S> {
+pub struct FenceService<S, W> {
     inner: S,
+    writes: W,
     fence: Fence,
 }
 
@@ -255,11 +272,15 @@ fn is_write(method: &Method) -> bool {
     [Method::POST, Method::PUT, Method::PATCH, Method::DELETE].contains(method)
 }
 
-impl<S, B, R> Service<Request<B>> for FenceService<S>
+impl<S, W, B, R> Service<Request<B>> for FenceService<S, W>
 where
     S: Service<Request<B>, Response = Response<R>>,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
+    W: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    W::Future: Send + 'static,
+    W::Error: Into<BoxError>,
+    B: Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -280,7 +301,7 @@ where
         };
         let deadline = write.deadline();
         *request.uri_mut() = with_timeout(request.uri(), &deadline.timeout_param());
-        let response = self.inner.call(request);
+        let response = self.writes.clone().oneshot(request);
         Box::pin(async move {
             match tokio::time::timeout_at(deadline.at.into(), response).await {
                 Ok(Ok(response)) => {
@@ -293,6 +314,112 @@ where
                 Err(_) => Err(FenceExpired.into()),
             }
         })
+    }
+}
+
+/// The stack that carries a reconcile client's writes.
+pub type WriteService = BoxCloneSyncService<Request<Body>, Response<Box<DynBody>>, BoxError>;
+
+/// kube's stack (base URI, credentials, headers such as the user agent) and `layer`, over
+/// connections of their own whose bytes pass only while `fence` is open ([`FencedIo`]).
+fn write_service(
+    config: &kube::Config,
+    fence: &Fence,
+    layer: &ApiRequestLayer,
+) -> Result<WriteService> {
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    let connector = config.rustls_https_connector_with_connector(FencedConnector {
+        inner: tcp,
+        fence: fence.clone(),
+    })?;
+    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+    let service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .map_response(|response: Response<Incoming>| {
+            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+        })
+        .service(hyper);
+    Ok(BoxCloneSyncService::new(service))
+}
+
+/// Opens the write connections: plain TCP (TLS goes on top), each wrapped in [`FencedIo`].
+#[derive(Debug, Clone)]
+struct FencedConnector {
+    inner: HttpConnector,
+    fence: Fence,
+}
+
+impl Service<http::Uri> for FencedConnector {
+    type Response = FencedIo<TokioIo<tokio::net::TcpStream>>;
+    type Error = <HttpConnector as Service<http::Uri>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let fence = self.fence.clone();
+        let connecting = self.inner.call(uri);
+        Box::pin(async move {
+            Ok(FencedIo {
+                io: connecting.await?,
+                fence,
+            })
+        })
+    }
+}
+
+/// A write connection's socket: every write to it first asks the fence, so a request the
+/// fence let through cannot leave the process once the fence has closed, wherever it
+/// waited in between (a paused process, a busy runtime, hyper's queue for a connection).
+/// What is left is the time between that check and the kernel's taking the bytes, and the
+/// network after it: both bounded by the margin the fence leaves (see [`crate::fence`]).
+#[derive(Debug)]
+pub struct FencedIo<T> {
+    io: T,
+    fence: Fence,
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for FencedIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for FencedIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if !self.fence.is_open(Instant::now()) {
+            return Poll::Ready(Err(std::io::Error::other(NotLeader)));
+        }
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<T: Connection> Connection for FencedIo<T> {
+    fn connected(&self) -> Connected {
+        self.io.connected()
     }
 }
 
@@ -429,6 +556,7 @@ mod tests {
         };
         let mut svc = FenceLayer {
             fence: fence.clone(),
+            writes: recorder.clone(),
         }
         .layer(recorder);
         let req = |method: Method| {
@@ -463,7 +591,11 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_secs(60)).await;
             Ok::<_, BoxError>(Response::new(()))
         });
-        let mut svc = FenceLayer { fence }.layer(slow);
+        let mut svc = FenceLayer {
+            fence,
+            writes: slow,
+        }
+        .layer(slow);
         let request = Request::builder()
             .method(Method::DELETE)
             .uri("/x")
@@ -471,5 +603,36 @@ mod tests {
             .unwrap();
         let err = svc.call(request).await.unwrap_err();
         assert!(err.is::<FenceExpired>(), "{err}");
+    }
+
+    async fn write<T: hyper::rt::Write + Unpin>(
+        io: &mut FencedIo<T>,
+        bytes: &[u8],
+    ) -> std::io::Result<usize> {
+        use hyper::rt::Write as _;
+        std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write(cx, bytes)).await
+    }
+
+    #[tokio::test]
+    async fn a_write_connection_passes_bytes_only_while_the_fence_is_open() {
+        let fence = Fence::default();
+        let (client, mut server) = tokio::io::duplex(64);
+        let mut io = FencedIo {
+            io: TokioIo::new(client),
+            fence: fence.clone(),
+        };
+        // A request let through before a pause, its bytes still in the process: refused.
+        let err = write(&mut io, b"PATCH").await.unwrap_err();
+        assert!(err.get_ref().is_some_and(|e| e.is::<NotLeader>()), "{err}");
+        fence.extend(Instant::now() + std::time::Duration::from_secs(5));
+        assert_eq!(write(&mut io, b"PATCH").await.unwrap(), 5);
+        fence.revoke();
+        assert!(write(&mut io, b" /x").await.is_err());
+        drop(io);
+        let mut received = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut server, &mut received)
+            .await
+            .unwrap();
+        assert_eq!(received, b"PATCH", "only what passed while open");
     }
 }

@@ -15,10 +15,11 @@ use e2e::operator::{Operator, wait_for_log};
 use e2e::proxy::Proxy;
 use e2e::wait::poll;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
-use myresource_operator::resource::MyResource;
+use kube::api::{Patch, PatchParams, PostParams};
+use myresource_operator::resource::{MyResource, MyResourceSpec};
 use serde_json::json;
 
 const LEASE_DURATION: Duration = TEST_TIMINGS.lease_duration;
@@ -165,7 +166,12 @@ async fn a_frozen_leader_writes_nothing_after_takeover_and_stays_a_follower() ->
     wait_converged(&env, Duration::from_secs(20)).await?;
     let old = replicas[leader].config.identity.clone();
 
+    // Frozen in the middle of a burst, with reconciles in flight: when it wakes, they go on
+    // to their next write, which the fence (closed by the monotonic clock, which ran on
+    // during the freeze) must refuse without sending.
+    let burst = burst(&env, BURST).await?;
     replicas[leader].process.signal(libc::SIGSTOP);
+    eprintln!("frozen with {burst} of {BURST} ConfigMaps of the burst written");
     // Changes while it is frozen: its caches will show them when it wakes.
     for i in 0..5 {
         set_message(&env, &format!("o{i}"), "v1").await?;
@@ -185,6 +191,16 @@ async fn a_frozen_leader_writes_nothing_after_takeover_and_stays_a_follower() ->
     )
     .await?;
     wait_converged(&env, Duration::from_secs(20)).await?;
+    let refused = replicas[leader]
+        .log_lines()
+        .into_iter()
+        .filter(|l| l["message"] == "reconcile failed" && l["kind"] == "not_leader")
+        .count();
+    eprintln!("writes the fence refused after the freeze: {refused}");
+    assert!(
+        refused > 0,
+        "the woken leader's reconciles in flight must meet a closed fence"
+    );
     assert!(
         replicas[leader].process.is_running(),
         "the old leader must stay up as a follower"
@@ -195,6 +211,56 @@ async fn a_frozen_leader_writes_nothing_after_takeover_and_stays_a_follower() ->
     );
     env.assert_fenced(None, 10, 2)?;
     Ok(())
+}
+
+/// Objects in the frozen leader's burst.
+const BURST: usize = 200;
+
+/// Creates `count` objects at once and returns as soon as some of their ConfigMaps exist
+/// (the leader is reconciling them) but not all (it has more in flight and queued): the
+/// number written by then.
+async fn burst(env: &TestEnv, count: usize) -> Result<usize> {
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mut creates = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let mrs = mrs.clone();
+        let mr = MyResource::new(
+            &format!("burst-{i}"),
+            MyResourceSpec {
+                message: "burst".into(),
+                some_value: i as i32,
+            },
+        );
+        creates.spawn(async move { mrs.create(&PostParams::default(), &mr).await });
+    }
+    while let Some(created) = creates.join_next().await {
+        created??;
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let written = poll(
+        "the leader to start on the burst",
+        Duration::from_secs(20),
+        || async {
+            let n = cms
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter(|c| {
+                    c.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("burst-"))
+                })
+                .count();
+            Ok((n >= 8).then_some(n))
+        },
+    )
+    .await?;
+    if written == count {
+        bail!("the leader finished the burst of {count} before it could be frozen");
+    }
+    Ok(written)
 }
 
 #[tokio::test]
