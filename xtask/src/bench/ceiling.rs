@@ -17,6 +17,7 @@ use super::Bench;
 use super::cpu::CpuSplit;
 
 /// One phase of the ceiling: the successful writes, the wall seconds, the CPU split.
+#[derive(Clone)]
 pub(super) struct Phase {
     writes: usize,
     seconds: f64,
@@ -53,12 +54,26 @@ impl Bench {
         ns: &str,
         n: usize,
     ) -> Result<(Vec<MyResource>, Vec<MyResource>)> {
-        let mut objects = Api::<MyResource>::namespaced(self.client.clone(), ns)
-            .list(&Default::default())
-            .await?
-            .items;
+        let mut objects = self.ceiling_objects(ns).await?;
         let second_half = objects.split_off(n / 2);
         Ok((objects, second_half))
+    }
+
+    /// The MyResources in `ns` in parts of `size`, one for each phase.
+    pub(super) async fn ceiling_parts(
+        &self,
+        ns: &str,
+        size: usize,
+    ) -> Result<Vec<Vec<MyResource>>> {
+        let objects = self.ceiling_objects(ns).await?;
+        Ok(objects.chunks(size.max(1)).map(<[_]>::to_vec).collect())
+    }
+
+    async fn ceiling_objects(&self, ns: &str) -> Result<Vec<MyResource>> {
+        Ok(Api::<MyResource>::namespaced(self.client.clone(), ns)
+            .list(&Default::default())
+            .await?
+            .items)
     }
 
     /// The ceiling's writes for `objects`.

@@ -21,6 +21,7 @@ impl Bench {
 }
 
 /// CPU used by each process over a phase, as average cores busy.
+#[derive(Clone)]
 pub(super) struct CpuSplit {
     wall_seconds: f64,
     cores: Vec<(String, f64)>,
