@@ -41,14 +41,18 @@
 //!   followed by a jittered pause of one retry period (client-go's rule): an unreachable
 //!   API server costs one request per retry period, not a busy loop. When the renew
 //!   deadline passes without a successful renew the leader steps down.
-//! - After an outage, a follower that could not read the Lease restarts its expiry clock
-//!   when it can again (it could not have seen renewals meanwhile), while the replica the
-//!   record still names takes the Lease back at its next attempt: an API server restart
-//!   costs the restart, not a lease duration.
-//! - A record naming this replica's identity that this process did not write (its
-//!   container was restarted in the same Pod, under the same name) is treated as another
-//!   holder's: the dead process's requests may still be in flight, so it is taken only
-//!   after it expires, and never released by the new process.
+//! - A failed read changes nothing: a renewal writes a new renewTime, so a record found
+//!   unchanged after failed reads was not renewed meanwhile and keeps the expiry clock it
+//!   had. After an outage the replica the record names takes the Lease back at its next
+//!   attempt, or a follower whose clock ran out takes it over (one compare-and-swap wins):
+//!   an API server restart costs the restart, not a lease duration.
+//! - A record is this process's own only if it is exactly a record this process wrote (the
+//!   last one the server confirmed, or the last one sent, whose answer may have been lost;
+//!   renewTime is written to the microsecond, so no other writer repeats it by chance). A
+//!   record that merely names this identity is another holder's: a foreign write naming a
+//!   former holder, a container restarted in the same Pod, two processes given the same
+//!   `--identity`. It is taken only after it expires (the other writer's requests may still
+//!   be in flight), and never released by this process.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -195,8 +199,6 @@ pub struct Elector {
     /// A holder vanished without releasing (Lease deleted, holder cleared by someone else):
     /// nobody takes the Lease before this, when that holder's fence has surely closed.
     vanished_until: Option<Instant>,
-    /// The last read failed: renewals may have happened unseen.
-    blind: bool,
     /// Start of the last successful acquire or renew, while leading.
     renewed_at: Option<Instant>,
     /// This replica's Pod (see [`crate::pod`]): its ServiceAccount owns the Lease, its uid
@@ -204,10 +206,10 @@ pub struct Elector {
     pod: Option<PodInfo>,
     /// A record whose term is proven over: its holder's process exited ([`crash`]).
     exited: Option<LeaseSpec>,
-    /// Whether this process has held the Lease. A record naming our identity that this
-    /// process never wrote is a previous process's (a container restarted in the same Pod):
-    /// it is someone else's until it expires, as its writes may still be in flight.
-    held: bool,
+    /// The last record this process wrote as the server confirmed it, and the last one it
+    /// sent: the only records that are ours (see the module doc).
+    written: Option<LeaseSpec>,
+    sent: Option<LeaseSpec>,
     /// Labels written on the Lease (scale-out mode: its group, which replicas watch).
     labels: Option<std::collections::BTreeMap<String, String>>,
 }
@@ -222,11 +224,11 @@ impl Elector {
             observed: None,
             absent: false,
             vanished_until: None,
-            blind: false,
             renewed_at: None,
             pod: None,
             exited: None,
-            held: false,
+            written: None,
+            sent: None,
             labels: None,
         }
     }
@@ -301,19 +303,15 @@ impl Elector {
     /// Records a read (GET or watch event) of the Lease at `now`.
     pub fn observe(&mut self, lease: &Lease, now: Instant) {
         self.absent = false;
-        let blind = std::mem::take(&mut self.blind);
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
         let holder_uid = holder_uid_of(lease);
         if let Some(obs) = self.observed.as_mut().filter(|o| o.spec == spec) {
-            // The same record (perhaps relabelled): only the resourceVersion moves on,
-            // unless we could not look for a while.
+            // The same record (perhaps relabelled, perhaps after failed reads: it was not
+            // renewed meanwhile): only the resourceVersion moves on, not the clock.
             obs.resource_version = rv;
             obs.holder_uid = holder_uid;
             obs.successor = successor_of(lease);
-            if blind && obs.holder() != self.identity {
-                obs.since = now;
-            }
             return;
         }
         let previous = self.observed.take();
@@ -343,11 +341,6 @@ impl Elector {
         }
         self.absent = true;
         self.renewed_at = None;
-    }
-
-    /// Records that a read failed.
-    pub fn read_failed(&mut self) {
-        self.blind = true;
     }
 
     /// Whether this replica leads at `now` (a successful renew within the renew deadline).
@@ -404,7 +397,8 @@ impl Elector {
     /// The record we write: renewing (or retaking a record that still names us) keeps
     /// acquireTime and the transition count; taking over starts a new term.
     fn record(&self, ours: Option<&LeaseSpec>, wall: Timestamp) -> LeaseSpec {
-        let now = MicroTime(wall);
+        // To the microsecond, as the server keeps it: a record read back equals the one sent.
+        let now = MicroTime(Timestamp::from_microsecond(wall.as_microsecond()).unwrap_or(wall));
         match ours {
             Some(spec) => LeaseSpec {
                 renew_time: Some(now),
@@ -481,18 +475,27 @@ impl Elector {
         self.pod.as_ref().map(|p| p.name.as_str())
     }
 
-    /// Whether a record is this process's own: it names us, and we have held the Lease.
+    /// Whether a record is this process's own: one it wrote (see the module doc).
     fn is_ours(&self, obs: &Observation) -> bool {
-        self.held && obs.holder() == self.identity
+        [&self.written, &self.sent]
+            .iter()
+            .any(|w| w.as_ref() == Some(&obs.spec))
+    }
+
+    /// Records that `action`'s Lease is about to be sent: if the answer is lost, the record
+    /// may still be ours.
+    pub fn sending(&mut self, action: &Action) {
+        if let Action::Create(lease) | Action::Replace(lease) = action {
+            self.sent = lease.spec.clone();
+        }
     }
 
     /// Records a successful create/replace that started at `started`; returns whether this
     /// began a new term.
     pub fn succeeded(&mut self, written: &Lease, started: Instant) -> bool {
         let was_leader = self.renewed_at.is_some();
-        self.held = true;
+        self.written = written.spec.clone();
         self.absent = false;
-        self.blind = false;
         self.observed = Some(Observation {
             resource_version: written.resource_version().unwrap_or_default(),
             spec: written.spec.clone().unwrap_or_default(),
@@ -771,14 +774,8 @@ impl Driver {
         match result {
             Ok(Ok(Some(lease))) => self.elector.observe(&lease, Instant::now()),
             Ok(Ok(None)) => self.elector.observe_absent(),
-            Ok(Err(err)) => {
-                self.elector.read_failed();
-                return Err(format!("reading the Lease: {err}"));
-            }
-            Err(_) => {
-                self.elector.read_failed();
-                return Err(format!("reading the Lease timed out after {timeout:?}"));
-            }
+            Ok(Err(err)) => return Err(format!("reading the Lease: {err}")),
+            Err(_) => return Err(format!("reading the Lease timed out after {timeout:?}")),
         }
         if !self.elector.is_leader(Instant::now()) && self.leadership.is_leading() {
             self.leadership.step_down(
@@ -809,6 +806,7 @@ impl Driver {
     async fn attempt_once(&mut self, renewing: bool) -> Result<bool, String> {
         let started = Instant::now();
         let action = self.elector.next_action(started, Timestamp::now());
+        self.elector.sending(&action);
         let timings = self.elector.timings();
         // Never past the deadline while leading; at most one retry period in any case.
         let limit = match self.elector.fence_until() {
@@ -1474,19 +1472,24 @@ mod tests {
         changed.spec.as_mut().unwrap().lease_duration_seconds = Some(99);
         e.observe(&changed, t + Duration::from_secs(2));
         assert!(!e.is_leader(t + Duration::from_secs(2)));
-        // Deleted: term over too.
-        e.succeeded(
-            &written(e.next_action(t, wall()), "4"),
-            t + Duration::from_secs(3),
+        // Not a record we wrote: taken again only once it has expired (99 s after it was seen).
+        assert_eq!(
+            e.next_action(t + Duration::from_secs(2), wall()),
+            Action::WaitUntil(t + Duration::from_secs(101))
         );
+        // Deleted: term over too.
+        let later = t + Duration::from_secs(101);
+        e.succeeded(&written(e.next_action(later, wall()), "4"), later);
+        assert!(e.is_leader(later));
         e.observe_absent();
-        assert!(!e.is_leader(t + Duration::from_secs(3)));
+        assert!(!e.is_leader(later));
     }
 
-    /// Issue 13, item 8: after an outage the holder retakes its Lease at once, and a
-    /// follower that could not read restarts its clock.
+    /// Issue 13, item 8, and issue 30, hole 4: after an outage the holder retakes its Lease
+    /// at once, and failed reads do not restart a follower's clock: the record is the same,
+    /// so it was not renewed meanwhile.
     #[test]
-    fn after_an_outage_the_named_holder_retakes_and_blind_followers_wait() {
+    fn after_an_outage_an_unchanged_record_keeps_its_expiry() {
         let t = Instant::now();
         let mut leader = Elector::new("me", "l", "ns", timings());
         leader.observe_absent();
@@ -1494,10 +1497,16 @@ mod tests {
         leader.succeeded(&ours, t);
         let mut follower = Elector::new("f", "l", "ns", timings());
         follower.observe(&ours, t);
-        // 20 s of outage: the leader steps down at its deadline; both fail to read.
+        // Reads fail for 14 s; the record read then is the one seen before.
+        let back = t + Duration::from_secs(14);
+        follower.observe(&ours, back);
+        assert_eq!(
+            follower.next_action(back, wall()),
+            Action::WaitUntil(t + Duration::from_secs(15)),
+            "the clock runs from the first sight of the record"
+        );
+        // 20 s of outage: the leader stepped down at its deadline; both read the record.
         leader.step_down();
-        leader.read_failed();
-        follower.read_failed();
         let back = t + Duration::from_secs(20);
         leader.observe(&ours, back);
         follower.observe(&ours, back);
@@ -1506,10 +1515,107 @@ mod tests {
             panic!("{action:?}")
         };
         assert_eq!(l.metadata.resource_version.as_deref(), Some("1"));
-        assert_eq!(
+        assert!(matches!(
             follower.next_action(back, wall()),
-            Action::WaitUntil(back + Duration::from_secs(15))
+            Action::Replace(_)
+        ));
+    }
+
+    /// Issue 30, hole 2: a foreign write naming a former holder does not give that holder
+    /// a term while the current holder's may still run.
+    #[test]
+    fn a_record_naming_us_that_we_did_not_write_is_not_ours() {
+        let t = Instant::now();
+        let mut p = Elector::new("p", "l", "ns", timings());
+        p.observe_absent();
+        p.succeeded(&written(p.next_action(t, wall()), "1"), t);
+        // q took over after p's term; p follows.
+        let later = t + Duration::from_secs(30);
+        let mut q = Elector::new("q", "l", "ns", timings());
+        q.observe(&lease("p", "1", wall()), t);
+        let q_record = written(q.next_action(later, wall() + Duration::from_secs(30)), "2");
+        p.observe(&q_record, later);
+        // `kubectl patch lease … holderIdentity: p`
+        let mut forged = q_record.clone();
+        forged.spec.as_mut().unwrap().holder_identity = Some("p".into());
+        forged.metadata.resource_version = Some("3".into());
+        let seen = later + Duration::from_millis(100);
+        p.observe(&forged, seen);
+        assert_eq!(
+            p.next_action(seen, wall()),
+            Action::WaitUntil(seen + Duration::from_secs(15)),
+            "taken only after it expires"
         );
+        assert_eq!(p.release(wall(), None), None, "not p's to release");
+        // Once it has expired, p starts a new term.
+        let Action::Replace(l) = p.next_action(seen + Duration::from_secs(15), wall()) else {
+            panic!("expected a takeover")
+        };
+        assert_ne!(
+            l.spec.unwrap().acquire_time,
+            forged.spec.unwrap().acquire_time
+        );
+    }
+
+    /// Issue 30, hole 2: two live processes under one identity (a pinned `--identity`, a
+    /// StatefulSet Pod force-deleted while its node is down) do not renew each other's term.
+    #[test]
+    fn two_processes_with_one_identity_take_the_lease_only_by_expiry() {
+        let t = Instant::now();
+        let mut a = Elector::new("same", "l", "ns", timings());
+        let mut b = Elector::new("same", "l", "ns", timings());
+        a.observe_absent();
+        let a_record = written(a.next_action(t, wall()), "1");
+        a.succeeded(&a_record, t);
+        b.observe(&a_record, t);
+        assert_eq!(
+            b.next_action(t, wall()),
+            Action::WaitUntil(t + Duration::from_secs(15))
+        );
+        // a renews; b takes over only once a's record has expired.
+        let t2 = t + Duration::from_secs(2);
+        let renewed = written(a.next_action(t2, wall() + Duration::from_secs(2)), "2");
+        a.succeeded(&renewed, t2);
+        b.observe(&renewed, t2);
+        assert_eq!(
+            b.next_action(t2, wall()),
+            Action::WaitUntil(t2 + Duration::from_secs(15))
+        );
+        // b's own later term is not a's: a, having seen it, waits too.
+        let t3 = t2 + Duration::from_secs(15);
+        let b_record = written(b.next_action(t3, wall() + Duration::from_secs(17)), "3");
+        b.succeeded(&b_record, t3);
+        a.observe(&b_record, t3);
+        assert!(!a.is_leader(t3));
+        assert_eq!(
+            a.next_action(t3, wall()),
+            Action::WaitUntil(t3 + Duration::from_secs(15))
+        );
+    }
+
+    /// A record whose write timed out on the client may still have been applied: read back,
+    /// it is ours, to the microsecond.
+    #[test]
+    fn a_record_sent_without_an_answer_is_recognised_as_ours() {
+        let t = Instant::now();
+        let mut e = Elector::new("me", "l", "ns", timings());
+        e.observe_absent();
+        e.succeeded(&written(e.next_action(t, wall()), "1"), t);
+        let t2 = t + Duration::from_secs(2);
+        let at = wall() + Duration::from_nanos(2_000_000_789);
+        let action = e.next_action(t2, at);
+        e.sending(&action);
+        // The answer is lost; the server kept the record, renewTime to the microsecond.
+        let mut applied = written(action, "2");
+        let renew = applied.spec.as_ref().unwrap().renew_time.clone().unwrap();
+        assert_eq!(renew.0.subsec_nanosecond() % 1_000, 0);
+        applied.spec.as_mut().unwrap().renew_time = Some(renew);
+        e.step_down();
+        e.observe(&applied, t2 + Duration::from_secs(1));
+        let Action::Replace(l) = e.next_action(t2 + Duration::from_secs(1), wall()) else {
+            panic!("ours: renewed at once")
+        };
+        assert_eq!(l.metadata.resource_version.as_deref(), Some("2"));
     }
 
     /// A container restarted in its Pod keeps its identity but not its term.
