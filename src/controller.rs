@@ -17,7 +17,7 @@
 //! Each reconcile runs in a `reconcile` span (namespace, name, kind, shard, trigger, result,
 //! requeue delay) linked to the short `watch.event` span recorded when the change arrived.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -31,7 +31,7 @@ use crate::cache::{Caches, Change, Sink, Trigger};
 use crate::key::ObjectKey;
 use crate::metrics::{Metrics, QueueState, ReconcileResult};
 use crate::queue::Outcome;
-use crate::reconcile::{Context, reconcile};
+use crate::reconcile::{Context, Error, reconcile};
 use crate::shard::{Shard, Shards, shard_of};
 use crate::shardkey::ShardKey;
 
@@ -54,8 +54,13 @@ pub struct Controller {
     /// Scale-out mode: the shard key, and the caches that give a key its uid.
     routing: OnceLock<(ShardKey, Caches)>,
     causes: Mutex<HashMap<ObjectKey, Cause>>,
+    /// Namespaces seen being deleted, to say so once each (bounded: cleared when full).
+    terminating: Mutex<HashSet<String>>,
     metrics: Arc<Metrics>,
 }
+
+/// How many deleted namespaces [`Controller::terminating`] remembers.
+const TERMINATING_REMEMBERED: usize = 1024;
 
 impl Sink for Controller {
     fn changed(&self, change: Change) {
@@ -88,8 +93,18 @@ impl Controller {
             shards,
             routing: OnceLock::new(),
             causes: Mutex::new(HashMap::new()),
+            terminating: Mutex::new(HashSet::new()),
             metrics,
         }
+    }
+
+    /// Whether `namespace` is seen being deleted for the first time.
+    fn first_seen_terminating(&self, namespace: &str) -> bool {
+        let mut seen = self.terminating.lock().expect("terminating lock");
+        if seen.len() >= TERMINATING_REMEMBERED {
+            seen.clear();
+        }
+        seen.insert(namespace.to_string())
     }
 
     /// Each shard's queue, for the scrape-time metrics.
@@ -228,6 +243,8 @@ impl Controller {
             let (outcome, label) = match &result {
                 Ok(outcome @ Outcome::RequeueAfter(_)) => (*outcome, ReconcileResult::RequeueAfter),
                 Ok(outcome) => (*outcome, ReconcileResult::Success),
+                // Its namespace is being deleted, and it with it: nothing to retry.
+                Err(Error::NamespaceTerminating(_)) => (Outcome::Success, ReconcileResult::Success),
                 Err(_) => (Outcome::Failure, ReconcileResult::Error),
             };
             self.metrics
@@ -236,6 +253,13 @@ impl Controller {
             let retry = shard.done(&key, outcome);
             span.in_scope(|| match &result {
                 Ok(_) => debug!(myresource = %key, shard = shard.index, "reconciled"),
+                Err(err @ Error::NamespaceTerminating(_)) => {
+                    if self.first_seen_terminating(&key.namespace) {
+                        info!(namespace = %key.namespace, error = %err, "namespace is being deleted: creating nothing in it");
+                    } else {
+                        debug!(myresource = %key, "namespace is being deleted");
+                    }
+                }
                 Err(err) => {
                     if let Some(delay) = retry {
                         span.record("requeue_after", tracing::field::debug(delay));

@@ -170,6 +170,7 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
                 echoes,
                 events: Publisher::new(clients.reconcile, "myresource-operator", &identity),
                 fence: fence.clone(),
+                shard: None,
             });
             let leadership = Leadership::new(fence, &args.lease_name, &identity, metrics.clone());
             let stop_election = CancellationToken::new();

@@ -26,7 +26,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::Caches;
 use crate::echo::{Echoes, Kind};
@@ -37,7 +37,7 @@ use crate::queue::Outcome;
 use crate::resource::{
     FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MyResource, MyResourceStatus, PodCounts,
 };
-use crate::shardkey::{BUCKET_LABEL, bucket_label, bucket_of};
+use crate::shardkey::{BUCKET_LABEL, ShardKey, bucket_label, bucket_of};
 
 /// Everything a reconcile needs; shared by all workers.
 pub struct Context {
@@ -47,6 +47,11 @@ pub struct Context {
     pub echoes: Arc<Echoes>,
     pub events: Publisher,
     pub fence: Fence,
+    /// Scale-out mode: the shard this context's workers lead, and the key that maps a uid
+    /// to its shard. A MyResource whose uid maps elsewhere is not theirs to touch (its name
+    /// was re-created under another shard since the key was queued, or the cache returned
+    /// another shard's stand-by copy): that shard's leader reconciles it.
+    pub shard: Option<(ShardKey, usize)>,
 }
 
 /// Why a reconcile did not finish.
@@ -60,13 +65,18 @@ pub enum Error {
     Terminating(String),
     /// Leadership is no longer valid; nothing was written.
     NotLeader,
+    /// The namespace is being deleted: the API server creates nothing in it (the
+    /// MyResource goes with it, so there is nothing to do and nothing to retry).
+    NamespaceTerminating(String),
 }
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Error::Kube(err) => write!(f, "Kubernetes API: {err}"),
-            Error::OwnedElsewhere(msg) | Error::Terminating(msg) => f.write_str(msg),
+            Error::OwnedElsewhere(msg)
+            | Error::Terminating(msg)
+            | Error::NamespaceTerminating(msg) => f.write_str(msg),
             Error::NotLeader => NotLeader.fmt(f),
         }
     }
@@ -76,10 +86,12 @@ impl std::error::Error for Error {}
 
 impl From<kube::Error> for Error {
     fn from(err: kube::Error) -> Self {
-        if crate::kubeclient::is_fenced(&err) {
-            Error::NotLeader
-        } else {
-            Error::Kube(err)
+        match err {
+            err if crate::kubeclient::is_fenced(&err) => Error::NotLeader,
+            kube::Error::Api(status) if is_namespace_terminating(&status) => {
+                Error::NamespaceTerminating(status.message)
+            }
+            err => Error::Kube(err),
         }
     }
 }
@@ -99,8 +111,19 @@ impl Error {
             Error::OwnedElsewhere(_) => "owned_elsewhere",
             Error::Terminating(_) => "configmap_terminating",
             Error::NotLeader => "not_leader",
+            Error::NamespaceTerminating(_) => "namespace_terminating",
         }
     }
+}
+
+/// Whether the API server refused a create because its namespace is being deleted (403,
+/// cause `NamespaceTerminating`).
+fn is_namespace_terminating(status: &kube::core::Status) -> bool {
+    status.code == 403
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
 }
 
 // ---- decisions (pure) ----
@@ -138,10 +161,13 @@ pub enum ConfigMapState {
     ExtraKeys(Vec<String>),
     /// Ours, but our data keys or our label differ (someone edited it, or the spec changed).
     Drifted,
-    /// Left behind by an earlier MyResource of the same name (deleted; garbage collection
-    /// has not removed its ConfigMap yet): safe to delete, by uid, and replace.
+    /// Controlled by a MyResource of the same name and another uid: left behind by an
+    /// earlier one (deleted; garbage collection has not removed its ConfigMap yet), or the
+    /// current one's while our view of the MyResource lags. Deleted, by uid, and replaced
+    /// only once a read shows the MyResource of that name is not `owner` ([`stale_proven`]).
     Stale {
         uid: String,
+        owner: String,
     },
     /// Someone else's: the message says whose and what to do.
     OwnedElsewhere(String),
@@ -177,7 +203,7 @@ pub fn classify(
     match controller {
         Some(owner) if owner.uid == uid => {}
         // Names are unique among live objects, so a MyResource of this name with another uid
-        // is an earlier one that no longer exists.
+        // is an earlier one, or a later one our cache has not seen yet.
         Some(owner)
             if owner.kind == "MyResource"
                 && owner.api_version.starts_with("trstringer.com/")
@@ -185,6 +211,7 @@ pub fn classify(
         {
             return ConfigMapState::Stale {
                 uid: cm.uid().unwrap_or_default(),
+                owner: owner.uid.clone(),
             };
         }
         Some(owner) => {
@@ -294,7 +321,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
         // Deleted: its ConfigMap goes by garbage collection.
         return Ok(Outcome::Success);
     };
-    if mr.metadata.deletion_timestamp.is_some() {
+    if mr.metadata.deletion_timestamp.is_some() || !in_shard(ctx.shard, &mr) {
         return Ok(Outcome::Success);
     }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &key.namespace);
@@ -308,9 +335,11 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
     let pods = ctx.caches.pods.counts(key);
 
     let mut change = None;
-    if let ConfigMapState::Stale { uid } = &state {
+    if let ConfigMapState::Stale { uid, owner } = &state {
         // Delete exactly that ConfigMap, then create ours below.
-        delete_stale(ctx, key, &configmaps, uid).await?;
+        if !delete_stale(ctx, key, &configmaps, uid, owner).await? {
+            return Ok(Outcome::RequeueAfter(Duration::from_millis(200)));
+        }
         state = ConfigMapState::Missing;
     }
     if state == ConfigMapState::Missing {
@@ -339,8 +368,8 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
                     // A leftover our cache does not show: in scale-out mode it carries the
                     // earlier owner's shard bucket, so this shard's cache never will.
                     // Delete it now; the next pass creates ours.
-                    ConfigMapState::Stale { uid } => {
-                        delete_stale(ctx, key, &configmaps, &uid).await?;
+                    ConfigMapState::Stale { uid, owner } => {
+                        delete_stale(ctx, key, &configmaps, &uid, &owner).await?;
                         return Ok(Outcome::RequeueAfter(Duration::from_millis(200)));
                     }
                     // Gone again: look again once the cache has caught up.
@@ -411,12 +440,21 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
 
 /// Deletes the ConfigMap of `key`'s name left by an earlier MyResource of that name: exactly
 /// that object (uid precondition), so a ConfigMap created since is never deleted.
+/// Deletes the ConfigMap `uid` controlled by `owner`, an earlier MyResource of this name,
+/// once a read of the MyResource proves `owner` gone; returns whether it did (if not, the
+/// cache that showed another uid lags, and the caller looks again once it has caught up).
 async fn delete_stale(
     ctx: &Context,
     key: &ObjectKey,
     configmaps: &Api<ConfigMap>,
     uid: &str,
-) -> Result<(), Error> {
+    owner: &str,
+) -> Result<bool, Error> {
+    let mrs: Api<MyResource> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    if !stale_proven(mrs.get_opt(&key.name).await?.as_ref(), owner) {
+        debug!(myresource = %key, owner, "the ConfigMap's owner may be the current MyResource: not deleting it");
+        return Ok(false);
+    }
     ctx.fence.check()?;
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -431,7 +469,20 @@ async fn delete_stale(
         Err(err) => return Err(err.into()),
     }
     info!(myresource = %key, "deleted a ConfigMap left by an earlier MyResource of this name");
-    Ok(())
+    Ok(true)
+}
+
+/// Whether `current`, the MyResource of a ConfigMap's name as the API server has it now,
+/// proves that ConfigMap's controller `owner` gone: it exists under another uid. (When it
+/// is `owner`, our cache lagged; when it does not exist, garbage collection removes the
+/// ConfigMap and there is nothing to replace it for.)
+fn stale_proven(current: Option<&MyResource>, owner: &str) -> bool {
+    current.is_some_and(|mr| mr.uid().is_some_and(|uid| uid != owner))
+}
+
+/// Whether `mr` belongs to the shard of a scale-out context (always, outside scale-out).
+fn in_shard(shard: Option<(ShardKey, usize)>, mr: &MyResource) -> bool {
+    shard.is_none_or(|(key, index)| mr.uid().is_some_and(|uid| key.shard_of_uid(&uid) == index))
 }
 
 /// Server-side applies the desired ConfigMap over `existing`, with its resourceVersion as a
@@ -495,6 +546,19 @@ mod tests {
         mr
     }
 
+    /// Issue 30, hole 1: a scale-out worker acts only on objects of its own shard.
+    #[test]
+    fn a_scale_out_worker_leaves_other_shards_objects_alone() {
+        let key = ShardKey::new(6);
+        let mine = key.shard_of_uid("uid-1");
+        assert!(in_shard(None, &mr()), "one Lease: every object");
+        assert!(in_shard(Some((key, mine)), &mr()));
+        assert!(!in_shard(Some((key, (mine + 1) % 6)), &mr()));
+        let mut no_uid = mr();
+        no_uid.metadata.uid = None;
+        assert!(!in_shard(Some((key, mine)), &no_uid));
+    }
+
     #[test]
     fn desired_configmap_carries_the_spec_and_a_controller_reference() {
         let cm = desired_configmap(&mr());
@@ -551,9 +615,22 @@ mod tests {
         assert_eq!(
             classify(Some(&stale), &desired, &mr),
             ConfigMapState::Stale {
-                uid: "cm-uid".into()
+                uid: "cm-uid".into(),
+                owner: "uid-0".into(),
             }
         );
+        // Deleted only once a read proves that owner gone.
+        let named = |uid: &str| {
+            let mut mr = mr.clone();
+            mr.metadata.uid = Some(uid.into());
+            mr
+        };
+        assert!(stale_proven(Some(&named("uid-1")), "uid-0"));
+        assert!(
+            !stale_proven(Some(&named("uid-0")), "uid-0"),
+            "the current MyResource's: our cache lagged"
+        );
+        assert!(!stale_proven(None, "uid-0"), "gone: garbage collection's");
 
         let mut unowned = desired.clone();
         unowned.metadata.owner_references = None;

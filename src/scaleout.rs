@@ -110,6 +110,7 @@ pub async fn run(s: ScaleOut, stop: impl Future<Output = ()>) -> Result<()> {
             echoes: s.echoes.clone(),
             events: Publisher::new(client, "myresource-operator", &s.identity),
             fence,
+            shard: Some((s.key, shard)),
         });
         let elector = Elector::new(&s.identity, &lease, &s.lease_namespace, s.timings)
             .in_pod(s.pod.clone())
