@@ -43,6 +43,14 @@ impl std::error::Error for NotLeader {}
 /// A write shorter than this is not worth sending: it could not finish in time.
 pub const MIN_WRITE_TIME: Duration = Duration::from_millis(20);
 
+/// The longest a write may take, client and server deadline alike, however long the fence
+/// has left. It bounds how long after a process dies its writes can still take effect,
+/// which a takeover on a crash proof waits out ([`crate::election`]): without it, a write
+/// queued in the server just before the crash could be applied up to a renew deadline
+/// later, in the next term. Reconcile writes take milliseconds; one that cannot finish in
+/// this time fails and its reconcile is retried.
+pub const MAX_WRITE_TIME: Duration = Duration::from_millis(500);
+
 /// How long after a write's deadline the server may still commit it: the time its request
 /// took to reach the server (its `timeout` counts from there) and etcd's commit of a
 /// transaction sent just before the server gave up.
@@ -135,14 +143,18 @@ impl Fence {
         self.0.lock().expect("fence lock").until = None;
     }
 
-    /// The deadline of a write that starts at `now`, or [`NotLeader`] when the fence is
-    /// closed or would close within [`MIN_WRITE_TIME`].
+    /// The deadline of a write that starts at `now` (the fence's expiry, at most
+    /// [`MAX_WRITE_TIME`] away), or [`NotLeader`] when the fence is closed or would close
+    /// within [`MIN_WRITE_TIME`].
     pub fn deadline_at(&self, now: Instant) -> Result<Deadline, NotLeader> {
         match self.0.lock().expect("fence lock").until {
-            Some(until) if until.saturating_duration_since(now) >= MIN_WRITE_TIME => Ok(Deadline {
-                at: until,
-                remaining: until - now,
-            }),
+            Some(until) if until.saturating_duration_since(now) >= MIN_WRITE_TIME => {
+                let at = until.min(now + MAX_WRITE_TIME);
+                Ok(Deadline {
+                    at,
+                    remaining: at - now,
+                })
+            }
             _ => Err(NotLeader),
         }
     }
@@ -229,9 +241,13 @@ mod tests {
         let fence = Fence::default();
         assert_eq!(fence.deadline_at(t), Err(NotLeader));
         fence.extend(t + Duration::from_secs(10));
-        let d = fence.deadline_at(t + Duration::from_secs(9)).unwrap();
-        assert_eq!(d.remaining, Duration::from_secs(1));
-        assert_eq!(d.timeout_param(), "1000ms");
+        // However long the fence has left, a write gets at most MAX_WRITE_TIME.
+        let d = fence.deadline_at(t).unwrap();
+        assert_eq!((d.at, d.remaining), (t + MAX_WRITE_TIME, MAX_WRITE_TIME));
+        assert_eq!(d.timeout_param(), "500ms");
+        let d = fence.deadline_at(t + Duration::from_millis(9_700)).unwrap();
+        assert_eq!(d.remaining, Duration::from_millis(300));
+        assert_eq!(d.timeout_param(), "300ms");
         assert_eq!(
             fence.deadline_at(t + Duration::from_secs(10)),
             Err(NotLeader)
@@ -259,10 +275,10 @@ mod tests {
         failed.answered(504);
         assert_eq!(fence.settled(), Settled::Pending, "one still in flight");
         drop(dropped);
-        // The 5xx and the dropped one may be applied until the fence's end (their deadline).
+        // The 5xx and the dropped one may be applied until their deadlines, the later wins.
         assert_eq!(
             fence.settled(),
-            Settled::At(t + Duration::from_secs(10) + SETTLE_MARGIN)
+            Settled::At(t + Duration::from_secs(1) + MAX_WRITE_TIME + SETTLE_MARGIN)
         );
     }
 
@@ -274,10 +290,10 @@ mod tests {
         // Nothing sent: settled at once, whatever the limit.
         assert!(fence.wait_settled(t).await);
         drop(fence.begin_write(t).unwrap());
-        assert!(!fence.wait_settled(t + Duration::from_secs(1)).await);
+        assert!(!fence.wait_settled(t + Duration::from_millis(300)).await);
         assert!(fence.wait_settled(t + Duration::from_secs(3)).await);
         let now = tokio::time::Instant::now().into_std();
-        assert!(now >= t + Duration::from_secs(2) + SETTLE_MARGIN);
+        assert!(now >= t + MAX_WRITE_TIME + SETTLE_MARGIN);
     }
 
     #[test]
