@@ -16,9 +16,10 @@ pub async fn delete(leases: &Api<Lease>, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Empties `spec.holderIdentity` with a merge patch that keeps every other field.
-pub async fn clear_holder(leases: &Api<Lease>, name: &str) -> Result<()> {
-    let patch = json!({"spec": {"holderIdentity": ""}});
+/// Sets `spec.holderIdentity` with a merge patch that keeps every other field: `""`
+/// empties it; a replica's identity names that replica holder of a term it did not begin.
+pub async fn set_holder(leases: &Api<Lease>, name: &str, holder: &str) -> Result<()> {
+    let patch = json!({"spec": {"holderIdentity": holder}});
     leases
         .patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await?;

@@ -48,6 +48,8 @@ pub struct Overload {
     pub delay: Duration,
     /// Hold every write to a Lease for `delay`, whatever the shares say.
     pub hold_lease_writes: bool,
+    /// Percent of reads of a Lease (GETs and watches) answered 503.
+    pub lease_read_fail_percent: u64,
     /// Seeds the choice of the writes that are rejected or held.
     pub seed: u64,
 }
@@ -61,6 +63,8 @@ pub struct OverloadStats {
     pub delivered_late: u64,
     /// Held until their `timeout` ran out, then answered 504.
     pub timed_out: u64,
+    /// Reads of a Lease answered 503.
+    pub lease_reads_failed: u64,
 }
 
 /// A running proxy; dropping it stops accepting.
@@ -82,12 +86,14 @@ struct Shared {
     rejected: AtomicU64,
     delivered_late: AtomicU64,
     timed_out: AtomicU64,
+    lease_reads_failed: AtomicU64,
 }
 
 enum Verdict {
     Forward,
     Reject(u64),
     Hold(Duration),
+    Unavailable,
 }
 
 impl OverloadProxy {
@@ -117,6 +123,7 @@ impl OverloadProxy {
             rejected: AtomicU64::new(0),
             delivered_late: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            lease_reads_failed: AtomicU64::new(0),
         });
         let certs = CertificateDer::pem_file_iter(serving_cert)?.collect::<Result<Vec<_>, _>>()?;
         let key = PrivateKeyDer::from_pem_file(serving_key)?;
@@ -160,6 +167,7 @@ impl OverloadProxy {
             rejected: self.shared.rejected.load(Ordering::SeqCst),
             delivered_late: self.shared.delivered_late.load(Ordering::SeqCst),
             timed_out: self.shared.timed_out.load(Ordering::SeqCst),
+            lease_reads_failed: self.shared.lease_reads_failed.load(Ordering::SeqCst),
         }
     }
 }
@@ -197,6 +205,15 @@ async fn handle(
     parts.headers.remove(CONTENT_LENGTH);
     let req = Request::from_parts(parts, Full::new(body));
     match shared.verdict(req.method(), req.uri().path()) {
+        Verdict::Unavailable => {
+            shared.lease_reads_failed.fetch_add(1, Ordering::SeqCst);
+            Ok(status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "The server is currently unable to handle the request.",
+                None,
+            ))
+        }
         Verdict::Forward => {
             let mut slot = upstream.lock().await;
             let reusable = match slot.as_mut() {
@@ -231,26 +248,39 @@ async fn handle(
     }
 }
 
+/// The next of `state`'s rolls, 0 to 99 (xorshift64*).
+fn roll(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) % 100
+}
+
 impl Shared {
     fn verdict(&self, method: &Method, path: &str) -> Verdict {
-        if !matches!(
+        let write = matches!(
             *method,
             Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-        ) {
-            return Verdict::Forward;
-        }
+        );
+        let lease = path.split('/').any(|segment| segment == "leases");
         let mut guard = self.overload.lock().expect("overload lock");
         let Some((overload, state)) = guard.as_mut() else {
             return Verdict::Forward;
         };
-        if overload.hold_lease_writes && path.split('/').any(|segment| segment == "leases") {
+        if !write {
+            return if lease
+                && *method == Method::GET
+                && roll(state) < overload.lease_read_fail_percent
+            {
+                Verdict::Unavailable
+            } else {
+                Verdict::Forward
+            };
+        }
+        if overload.hold_lease_writes && lease {
             return Verdict::Hold(overload.delay);
         }
-        // xorshift64*
-        *state ^= *state >> 12;
-        *state ^= *state << 25;
-        *state ^= *state >> 27;
-        let roll = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) % 100;
+        let roll = roll(state);
         if roll < overload.reject_percent {
             Verdict::Reject(overload.retry_after_seconds)
         } else if roll < overload.reject_percent + overload.delay_percent {

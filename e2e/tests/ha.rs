@@ -420,15 +420,29 @@ async fn foreign_writes_to_the_lease_never_make_two_writers() -> Result<()> {
         .delete("myresource-operator", &Default::default())
         .await?;
     wait_for_leader(&env, &replicas, None).await?;
-    let clear = json!({"spec": {"holderIdentity": ""}});
-    leases
-        .patch(
-            "myresource-operator",
-            &PatchParams::default(),
-            &Patch::Merge(clear),
-        )
-        .await?;
+    e2e::foreign_lease::set_holder(&leases, "myresource-operator", "").await?;
     wait_for_leader(&env, &replicas, None).await?;
+    work.await?;
+    wait_converged(&env, Duration::from_secs(20)).await?;
+
+    // Its holder renamed to a live former holder (issue 30, hole 2): a leader frozen until
+    // deposed, then woken, must not renew that record as its own while the real holder's
+    // term runs.
+    let former = wait_for_leader(&env, &replicas, None).await?;
+    let former_id = replicas[former].config.identity.clone();
+    replicas[former].process.signal(libc::SIGSTOP);
+    let deposed = wait_for_leader(&env, &replicas, Some(&former_id)).await;
+    replicas[former].process.signal(libc::SIGCONT);
+    deposed?;
+    wait_for_log(
+        &replicas[former],
+        "the former holder to step down",
+        Duration::from_secs(10),
+        |l| l["message"] == "lost leadership: stopping workers, staying a follower",
+    )
+    .await?;
+    let work = churn(&env, 5, 20);
+    e2e::foreign_lease::set_holder(&leases, "myresource-operator", &former_id).await?;
     work.await?;
     wait_converged(&env, Duration::from_secs(20)).await?;
 

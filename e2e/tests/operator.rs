@@ -9,6 +9,7 @@ use e2e::harness;
 use e2e::wait::poll;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL, PodCounts};
@@ -546,4 +547,198 @@ async fn a_finalizer_held_leftover_and_foreign_keys_make_no_loop() -> Result<()>
     assert_eq!(data.get("theirs").map(String::as_str), Some("x"));
     assert_eq!(data.get("message").map(String::as_str), Some("ours"));
     Ok(())
+}
+
+/// Issue 30: a namespace being deleted is not an error. The namespace controller removes
+/// the ConfigMaps while the MyResources stay (an admission policy holds their deletion,
+/// as a slow deletion order does in about half of the runs): every reconcile's create
+/// then gets "403 … because it is being terminated". Nothing is retried, and one line says
+/// so.
+#[tokio::test]
+async fn a_namespace_being_deleted_is_not_an_error() -> Result<()> {
+    let env = harness::setup("nsdelete").await?;
+    e2e::objects::create(&env, 20, "v0").await?;
+    let op = env.start_operator("a", &[]).await?;
+    e2e::objects::wait_converged(&env, Duration::from_secs(30)).await?;
+
+    let hold = HoldDeletes::install(&env.client, &env.namespace).await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    let deleted = Timestamp::now();
+    namespaces
+        .delete(&env.namespace, &DeleteParams::default())
+        .await?;
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    poll(
+        "the namespace controller to remove the ConfigMaps",
+        Duration::from_secs(60),
+        || async {
+            Ok(cms
+                .list(&Default::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        },
+    )
+    .await?;
+    // Long enough for backoff retries (200 ms, doubling) to show.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let lines = op.log_lines();
+    let said: Vec<_> = lines
+        .iter()
+        .filter(|l| l["message"] == "namespace is being deleted: creating nothing in it")
+        .collect();
+    let since_deleted = |l: &&serde_json::Value| {
+        l["timestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .is_some_and(|t| t >= deleted)
+    };
+    let failed = lines
+        .iter()
+        .filter(since_deleted)
+        .filter(|l| l["message"] == "reconcile failed")
+        .count();
+    let mrs: Api<MyResource> = Api::namespaced(env.client.clone(), &env.namespace);
+    assert_eq!(
+        mrs.list(&Default::default()).await?.items.len(),
+        20,
+        "the MyResources were held while their ConfigMaps went"
+    );
+    assert_eq!(
+        failed, 0,
+        "reconciles failed after the namespace's deletion"
+    );
+    assert_eq!(
+        said.len(),
+        1,
+        "one line says the namespace is being deleted"
+    );
+    hold.remove().await?;
+    poll("the namespace to go", Duration::from_secs(60), || async {
+        Ok(namespaces
+            .get_opt(&env.namespace)
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// A ValidatingAdmissionPolicy (and its binding) denying deletes of MyResources in one
+/// namespace.
+struct HoldDeletes {
+    client: Client,
+    name: String,
+}
+
+impl HoldDeletes {
+    async fn install(client: &Client, ns: &str) -> Result<HoldDeletes> {
+        use kube::api::DynamicObject;
+        use kube::discovery::ApiResource;
+        let name = format!("hold-myresources-{ns}");
+        let policy = ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicy",
+            ),
+            "validatingadmissionpolicies",
+        );
+        let binding = ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicyBinding",
+            ),
+            "validatingadmissionpolicybindings",
+        );
+        let object = |resource: &ApiResource, spec: serde_json::Value| -> Result<DynamicObject> {
+            Ok(serde_json::from_value(json!({
+                "apiVersion": resource.api_version, "kind": resource.kind,
+                "metadata": {"name": name}, "spec": spec,
+            }))?)
+        };
+        let group = <MyResource as kube::Resource>::group(&());
+        Api::<DynamicObject>::all_with(client.clone(), &policy)
+            .create(
+                &PostParams::default(),
+                &object(
+                    &policy,
+                    json!({
+                        "failurePolicy": "Fail",
+                        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+                            "operations": ["DELETE"], "resources": ["myresources"]}]},
+                        "validations": [{"expression": "false", "message": "held by the test"}],
+                    }),
+                )?,
+            )
+            .await?;
+        Api::<DynamicObject>::all_with(client.clone(), &binding)
+            .create(
+                &PostParams::default(),
+                &object(
+                    &binding,
+                    json!({
+                        "policyName": name, "validationActions": ["Deny"],
+                        "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+                    }),
+                )?,
+            )
+            .await?;
+        let hold = HoldDeletes {
+            client: client.clone(),
+            name,
+        };
+        // Policies take effect once the API server has loaded them: wait until a delete is
+        // refused (of an object that does not exist, the check comes first).
+        let mrs: Api<MyResource> = Api::namespaced(client.clone(), ns);
+        poll(
+            "the hold to take effect",
+            Duration::from_secs(30),
+            || async {
+                Ok(
+                    match mrs
+                        .delete(
+                            "o0",
+                            &DeleteParams {
+                                dry_run: true,
+                                ..Default::default()
+                            },
+                        )
+                        .await
+                    {
+                        Err(kube::Error::Api(s)) if s.message.contains("held by the test") => {
+                            Some(())
+                        }
+                        _ => None,
+                    },
+                )
+            },
+        )
+        .await?;
+        Ok(hold)
+    }
+
+    async fn remove(self) -> Result<()> {
+        use kube::api::DynamicObject;
+        use kube::discovery::ApiResource;
+        for (kind, plural) in [
+            (
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+            ),
+            ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        ] {
+            let resource = ApiResource::from_gvk_with_plural(
+                &kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+                plural,
+            );
+            Api::<DynamicObject>::all_with(self.client.clone(), &resource)
+                .delete(&self.name, &DeleteParams::default())
+                .await?;
+        }
+        Ok(())
+    }
 }

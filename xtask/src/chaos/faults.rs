@@ -26,6 +26,9 @@ const MIXED_FREEZE: Duration = Duration::from_secs(6);
 const RELABEL_EVERY: Duration = Duration::from_secs(2);
 const RELABEL_COUNT: usize = 6;
 const RELABEL_FOR: Duration = Duration::from_secs(12);
+/// How long the followers' Lease reads keep failing after the leader's kill: past the
+/// failover goal, so a failover that waits for a clean read misses it.
+const READS_FAILING_FOR: Duration = Duration::from_secs(8);
 /// How long the leader's API server is overloaded.
 const OVERLOAD_FOR: Duration = Duration::from_secs(8);
 /// How long `etcd_stall` holds etcd: past the renew deadline and the lease duration (test
@@ -79,7 +82,11 @@ impl Chaos {
                 hit.details["restart_seconds"] = started.elapsed().as_secs_f64().into();
             }
             Fault::LeaseDelete => foreign_lease::delete(&self.leases(), lease).await?,
-            Fault::LeaseClearHolder => foreign_lease::clear_holder(&self.leases(), lease).await?,
+            Fault::LeaseClearHolder => foreign_lease::set_holder(&self.leases(), lease, "").await?,
+            Fault::LeaseNameFormerHolder => {
+                hit.details["holder_named_over"] =
+                    self.name_former_holder(leader, lease).await?.into();
+            }
             Fault::LeaseRelabelKill => {
                 hit.details["relabels"] = self.relabel_kill(leader, lease).await?.into();
             }
@@ -90,6 +97,11 @@ impl Chaos {
                 hit.leader = long;
             }
             Fault::ApiserverOverload => self.overload(leader, &mut hit).await,
+            Fault::LeaderKillReadsFailing => {
+                let (killed, failed) = self.kill_with_reads_failing(leader).await?;
+                hit.at = killed;
+                hit.details["follower_lease_reads_failed"] = failed.into();
+            }
             Fault::EtcdStall => {
                 self.etcd.stall();
                 tokio::time::sleep(ETCD_STALL).await;
@@ -117,6 +129,74 @@ impl Chaos {
         Ok(relabel.await?)
     }
 
+    /// The `lease_name_former_holder` fault: the leader frozen until another replica holds
+    /// the Lease `name`, woken (a live former holder), then named holder of the current
+    /// term by a foreign merge patch that keeps every other field. Before issue 30's fix it
+    /// renewed that record as its own at once, while the real holder's fence was open.
+    /// Returns the holder named over.
+    async fn name_former_holder(&mut self, leader: usize, name: &str) -> Result<String> {
+        let former = self.slots[leader].operator.config.identity.clone();
+        let leases = self.leases();
+        self.slots[leader].operator.process.signal(libc::SIGSTOP);
+        let taken = e2e::wait::poll(
+            "another replica to hold the Lease",
+            Duration::from_secs(30),
+            || async {
+                let holder = leases
+                    .get(name)
+                    .await?
+                    .spec
+                    .and_then(|s| s.holder_identity)
+                    .unwrap_or_default();
+                Ok((!holder.is_empty() && holder != former).then_some(holder))
+            },
+        )
+        .await;
+        self.slots[leader].operator.process.signal(libc::SIGCONT);
+        let current = taken?;
+        // Woken, it learns that it lost; the workload goes on under the new holder.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        foreign_lease::set_holder(&leases, name, &former).await?;
+        Ok(current)
+    }
+
+    /// The `leader_sigkill_reads_failing` fault: the followers' reads of the Lease fail one
+    /// in four (503) from shortly before the leader is SIGKILLed until
+    /// [`READS_FAILING_FOR`] after. Before issue 30's fix each failed read restarted a
+    /// follower's expiry clock, and the failover could take minutes. Returns the moment of
+    /// the kill and how many reads failed.
+    async fn kill_with_reads_failing(&mut self, leader: usize) -> Result<(Timestamp, u64)> {
+        let followers: Vec<usize> = (0..self.slots.len()).filter(|s| *s != leader).collect();
+        let before: u64 = followers
+            .iter()
+            .map(|&f| self.slots[f].api.stats().lease_reads_failed)
+            .sum();
+        for &f in &followers {
+            let seed = self.rng.below(1 << 30) as u64;
+            self.slots[f].api.overload(Overload {
+                reject_percent: 0,
+                retry_after_seconds: 0,
+                delay_percent: 0,
+                delay: Duration::ZERO,
+                hold_lease_writes: false,
+                lease_read_fail_percent: 25,
+                seed,
+            });
+        }
+        tokio::time::sleep(TEST_TIMINGS.retry_period * 2).await;
+        let killed = Timestamp::now();
+        self.restart_slot(leader).await?;
+        tokio::time::sleep(READS_FAILING_FOR).await;
+        for &f in &followers {
+            self.slots[f].api.relieve();
+        }
+        let after: u64 = followers
+            .iter()
+            .map(|&f| self.slots[f].api.stats().lease_reads_failed)
+            .sum();
+        Ok((killed, after - before))
+    }
+
     /// The `apiserver_overload` fault: the leader's API server proxy overloaded for
     /// [`OVERLOAD_FOR`], then relieved.
     async fn overload(&mut self, leader: usize, hit: &mut Hit) {
@@ -130,6 +210,7 @@ impl Chaos {
             delay: TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period,
             // Its renewals are held too, so leadership surely moves meanwhile.
             hold_lease_writes: true,
+            lease_read_fail_percent: 0,
             seed: self.rng.below(1 << 30) as u64,
         };
         hit.overloaded = Some((leader, api.stats()));

@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 
 use super::checks::{self, Counts};
 use super::probe::Probes;
-use super::schedule::{Fault, POD_FAULTS, schedule};
+use super::schedule::{Fault, schedule};
 use super::workload::Workload;
 use super::{ChaosArgs, NAMESPACE, Round, report, settle, verdict};
 
@@ -111,7 +111,7 @@ impl InCluster {
         let workload = Workload::start(self.client.clone(), args.seed);
         let mut faults = Vec::new();
         let mut counts = Counts::default();
-        let kinds = schedule(args.seed, args.rounds, &POD_FAULTS);
+        let kinds = schedule(args.seed, args.rounds, &args.kinds()?);
         for (round, fault) in kinds.into_iter().enumerate() {
             let record = self
                 .round(cluster, round, fault, (&workload, &probes), &mut counts)

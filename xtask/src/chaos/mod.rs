@@ -82,6 +82,24 @@ pub struct ChaosArgs {
     /// Writes target/chaos-scaleout/.
     #[arg(long, value_name = "S", conflicts_with = "in_cluster")]
     pub shard_leases: Option<usize>,
+    /// Only these fault kinds, comma-separated (default: every kind of the mode), e.g.
+    /// `--faults leader_sigkill,lease_name_former_holder`.
+    #[arg(long, value_delimiter = ',', value_name = "KIND,...")]
+    pub faults: Vec<String>,
+}
+
+impl ChaosArgs {
+    /// The fault kinds this run rotates through.
+    fn kinds(&self) -> Result<Vec<Fault>> {
+        let all: &[Fault] = if self.in_cluster {
+            &schedule::POD_FAULTS
+        } else if self.shard_leases.is_some() {
+            &schedule::SHARD_FAULTS
+        } else {
+            &schedule::FAULTS
+        };
+        schedule::pick(all, &self.faults)
+    }
 }
 
 struct Chaos {
@@ -100,6 +118,8 @@ struct Chaos {
 }
 
 pub async fn run(root: &Path, args: ChaosArgs) -> Result<()> {
+    // Bad input is refused before anything starts.
+    args.kinds()?;
     if args.in_cluster {
         return in_cluster::run(root, &args).await;
     }
@@ -163,11 +183,7 @@ impl Chaos {
         let workload = Workload::start(self.client.clone(), args.seed);
         let mut faults = Vec::new();
         let mut counts = Counts::default();
-        let kinds: &[Fault] = match self.shards {
-            None => &schedule::FAULTS,
-            Some(_) => &schedule::SHARD_FAULTS,
-        };
-        for (round, fault) in schedule(args.seed, args.rounds, kinds)
+        for (round, fault) in schedule(args.seed, args.rounds, &args.kinds()?)
             .into_iter()
             .enumerate()
         {

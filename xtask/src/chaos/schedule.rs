@@ -20,6 +20,9 @@ pub(super) enum Fault {
     LeaseClearHolder,
     /// The leader SIGKILLed while a foreign tool relabels the Lease every 2 s.
     LeaseRelabelKill,
+    /// A foreign merge patch names a live former holder (the leader frozen until deposed,
+    /// then woken) holder of the current term.
+    LeaseNameFormerHolder,
     /// The leader restarted with longer timings than the others, then frozen for longer
     /// than their lease duration but shorter than its own renew deadline.
     MixedTimings,
@@ -30,6 +33,8 @@ pub(super) enum Fault {
     /// and the lease duration): the writes the API server received queue inside it and
     /// commit when etcd flows again, after their clients (and their fences) gave up.
     EtcdStall,
+    /// The leader SIGKILLed while a quarter of the followers' reads of the Lease fail (503).
+    LeaderKillReadsFailing,
     /// In a cluster: the leader's Pod deleted through the API (`kubectl delete pod`).
     PodDelete,
     /// In a cluster: the leader's container process SIGKILLed from the node.
@@ -45,7 +50,7 @@ pub(super) enum Fault {
 }
 
 /// The faults against replicas run as processes.
-pub(super) const FAULTS: [Fault; 12] = [
+pub(super) const FAULTS: [Fault; 14] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
@@ -55,15 +60,17 @@ pub(super) const FAULTS: [Fault; 12] = [
     Fault::LeaseDelete,
     Fault::LeaseClearHolder,
     Fault::LeaseRelabelKill,
+    Fault::LeaseNameFormerHolder,
     Fault::MixedTimings,
     Fault::ApiserverOverload,
     Fault::EtcdStall,
+    Fault::LeaderKillReadsFailing,
 ];
 
 /// The faults of scale-out mode (`--shard-leases`): those that strike a replica, and the
 /// foreign writes to a shard Lease the struck replica holds. Mixed timings have no
 /// counterpart: a replica group shares its timings through the chart.
-pub(super) const SHARD_FAULTS: [Fault; 11] = [
+pub(super) const SHARD_FAULTS: [Fault; 12] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
@@ -73,6 +80,7 @@ pub(super) const SHARD_FAULTS: [Fault; 11] = [
     Fault::LeaseDelete,
     Fault::LeaseClearHolder,
     Fault::LeaseRelabelKill,
+    Fault::LeaseNameFormerHolder,
     Fault::ApiserverOverload,
     Fault::EtcdStall,
 ];
@@ -99,9 +107,11 @@ impl Fault {
             Fault::LeaseDelete => "lease_delete",
             Fault::LeaseClearHolder => "lease_clear_holder",
             Fault::LeaseRelabelKill => "lease_relabel_kill",
+            Fault::LeaseNameFormerHolder => "lease_name_former_holder",
             Fault::MixedTimings => "mixed_timings",
             Fault::ApiserverOverload => "apiserver_overload",
             Fault::EtcdStall => "etcd_stall",
+            Fault::LeaderKillReadsFailing => "leader_sigkill_reads_failing",
             Fault::PodDelete => "pod_delete",
             Fault::ContainerKill => "container_sigkill",
             Fault::PodFreeze => "pod_freeze",
@@ -115,7 +125,7 @@ impl Fault {
     /// the node, 2 s (the kubelet reports the exit; issue 16).
     pub(super) fn new_leader_goal(self) -> Option<Duration> {
         match self {
-            Fault::LeaderKill | Fault::LeaseRelabelKill => {
+            Fault::LeaderKill | Fault::LeaseRelabelKill | Fault::LeaderKillReadsFailing => {
                 Some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period)
             }
             Fault::ContainerKill => Some(Duration::from_secs(2)),
@@ -131,6 +141,28 @@ pub(super) fn goal_of(kind: &str) -> Option<Duration> {
         .chain(&POD_FAULTS)
         .find(|f| f.kind() == kind)
         .and_then(|f| f.new_leader_goal())
+}
+
+/// The kinds of `all` named in `only`, or all of them when it is empty; a name that is
+/// not one of them is an error that lists them.
+pub(super) fn pick(all: &[Fault], only: &[String]) -> anyhow::Result<Vec<Fault>> {
+    if only.is_empty() {
+        return Ok(all.to_vec());
+    }
+    only.iter()
+        .map(|name| {
+            all.iter()
+                .copied()
+                .find(|f| f.kind() == name)
+                .ok_or_else(|| {
+                    let kinds: Vec<&str> = all.iter().map(|f| f.kind()).collect();
+                    anyhow::anyhow!(
+                        "--faults: no fault kind {name:?} in this mode; its kinds: {}",
+                        kinds.join(", ")
+                    )
+                })
+        })
+        .collect()
 }
 
 /// The fault of every round: each block of `kinds.len()` rounds has every kind once, in an
@@ -168,6 +200,21 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn faults_are_picked_by_kind_and_an_unknown_kind_is_refused() {
+        assert_eq!(pick(&FAULTS, &[]).unwrap(), FAULTS.to_vec());
+        let only = ["etcd_stall".to_string(), "leader_sigkill".to_string()];
+        assert_eq!(
+            pick(&FAULTS, &only).unwrap(),
+            [Fault::EtcdStall, Fault::LeaderKill]
+        );
+        let err = pick(&POD_FAULTS, &only).unwrap_err().to_string();
+        assert!(
+            err.contains("\"etcd_stall\"") && err.contains("pod_delete"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn the_seed_orders_the_faults_and_every_block_covers_all_kinds() {
