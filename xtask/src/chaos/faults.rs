@@ -29,6 +29,8 @@ const RELABEL_FOR: Duration = Duration::from_secs(12);
 /// How long the followers' Lease reads keep failing after the leader's kill: past the
 /// failover goal, so a failover that waits for a clean read misses it.
 const READS_FAILING_FOR: Duration = Duration::from_secs(8);
+/// How often the followers' connections are reset meanwhile.
+const RESET_EVERY: Duration = Duration::from_millis(250);
 /// How long the leader's API server is overloaded.
 const OVERLOAD_FOR: Duration = Duration::from_secs(8);
 /// How long `etcd_stall` holds etcd: past the renew deadline and the lease duration (test
@@ -160,41 +162,51 @@ impl Chaos {
         Ok(current)
     }
 
-    /// The `leader_sigkill_reads_failing` fault: the followers' reads of the Lease fail one
-    /// in four (503) from shortly before the leader is SIGKILLed until
-    /// [`READS_FAILING_FOR`] after. Before issue 30's fix each failed read restarted a
+    /// The `leader_sigkill_reads_failing` fault: half the replicas' reads of the Lease fail
+    /// (503), and their connections are reset every [`RESET_EVERY`], from shortly
+    /// before the leader is SIGKILLed until [`READS_FAILING_FOR`] after. Before issue 30's fix each failed read restarted a
     /// follower's expiry clock, and the failover could take minutes. Returns the moment of
     /// the kill and how many reads failed.
     async fn kill_with_reads_failing(&mut self, leader: usize) -> Result<(Timestamp, u64)> {
-        let followers: Vec<usize> = (0..self.slots.len()).filter(|s| *s != leader).collect();
-        let before: u64 = followers
-            .iter()
-            .map(|&f| self.slots[f].api.stats().lease_reads_failed)
-            .sum();
-        for &f in &followers {
+        // Every slot: the leader's is restarted at once, and its new replica must read
+        // through the same failures as the others.
+        let slots = 0..self.slots.len();
+        let failed = |chaos: &Self| -> u64 {
+            slots
+                .clone()
+                .map(|s| chaos.slots[s].api.stats().lease_reads_failed)
+                .sum()
+        };
+        let before = failed(self);
+        for s in slots.clone() {
             let seed = self.rng.below(1 << 30) as u64;
-            self.slots[f].api.overload(Overload {
+            self.slots[s].api.overload(Overload {
                 reject_percent: 0,
                 retry_after_seconds: 0,
                 delay_percent: 0,
                 delay: Duration::ZERO,
                 hold_lease_writes: false,
-                lease_read_fail_percent: 25,
+                lease_read_fail_percent: 50,
                 seed,
             });
         }
         tokio::time::sleep(TEST_TIMINGS.retry_period * 2).await;
         let killed = Timestamp::now();
         self.restart_slot(leader).await?;
-        tokio::time::sleep(READS_FAILING_FOR).await;
-        for &f in &followers {
-            self.slots[f].api.relieve();
+        // Their connections reset too, so they read rather than follow a watch that
+        // outlives the failures.
+        let until = std::time::Instant::now() + READS_FAILING_FOR;
+        while std::time::Instant::now() < until {
+            for s in slots.clone() {
+                self.slots[s].proxy.block();
+                self.slots[s].proxy.heal();
+            }
+            tokio::time::sleep(RESET_EVERY).await;
         }
-        let after: u64 = followers
-            .iter()
-            .map(|&f| self.slots[f].api.stats().lease_reads_failed)
-            .sum();
-        Ok((killed, after - before))
+        for s in slots.clone() {
+            self.slots[s].api.relieve();
+        }
+        Ok((killed, failed(self) - before))
     }
 
     /// The `apiserver_overload` fault: the leader's API server proxy overloaded for

@@ -33,7 +33,7 @@ pub(super) enum Fault {
     /// and the lease duration): the writes the API server received queue inside it and
     /// commit when etcd flows again, after their clients (and their fences) gave up.
     EtcdStall,
-    /// The leader SIGKILLed while a quarter of the followers' reads of the Lease fail (503).
+    /// The leader SIGKILLed while half the replicas' reads of the Lease fail (503).
     LeaderKillReadsFailing,
     /// In a cluster: the leader's Pod deleted through the API (`kubectl delete pod`).
     PodDelete,
@@ -121,12 +121,18 @@ impl Fault {
     }
 
     /// The goal for the time to a new leader, where there is one: after SIGKILL, the lease
-    /// duration plus a retry period, relabelled Lease or not; after a container SIGKILL on
+    /// duration plus a retry period, relabelled Lease or not (plus one more when reads
+    /// fail); after a container SIGKILL on
     /// the node, 2 s (the kubelet reports the exit; issue 16).
     pub(super) fn new_leader_goal(self) -> Option<Duration> {
         match self {
-            Fault::LeaderKill | Fault::LeaseRelabelKill | Fault::LeaderKillReadsFailing => {
+            Fault::LeaderKill | Fault::LeaseRelabelKill => {
                 Some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period)
+            }
+            // A failed read costs its replica a retry period's pause before it looks again
+            // (client-go's rule), so one more retry period.
+            Fault::LeaderKillReadsFailing => {
+                Some(TEST_TIMINGS.lease_duration + 2 * TEST_TIMINGS.retry_period)
             }
             Fault::ContainerKill => Some(Duration::from_secs(2)),
             _ => None,
