@@ -47,6 +47,14 @@ async fn wait_for_leader(env: &TestEnv, replicas: &[Operator], not: Option<&str>
     .await
 }
 
+/// Waits until `op` logs that it lost leadership and stays a follower; returns that line.
+async fn stepped_down(op: &Operator, what: &str, limit: Duration) -> Result<serde_json::Value> {
+    wait_for_log(op, what, limit, |l| {
+        l["message"] == "lost leadership: stopping workers, staying a follower"
+    })
+    .await
+}
+
 /// The timestamp of a JSON log line.
 fn at(line: &serde_json::Value) -> Timestamp {
     line["timestamp"]
@@ -183,11 +191,10 @@ async fn a_frozen_leader_writes_nothing_after_takeover_and_stays_a_follower() ->
         set_message(&env, &format!("o{i}"), "v2").await?;
     }
     replicas[leader].process.signal(libc::SIGCONT);
-    wait_for_log(
+    stepped_down(
         &replicas[leader],
         "the old leader to step down",
         Duration::from_secs(10),
-        |l| l["message"] == "lost leadership: stopping workers, staying a follower",
     )
     .await?;
     wait_converged(&env, Duration::from_secs(20)).await?;
@@ -292,11 +299,10 @@ async fn a_partitioned_leader_steps_down_in_time_and_rejoins() -> Result<()> {
     for i in 0..5 {
         set_message(&env, &format!("o{i}"), "v1").await?;
     }
-    let lost = wait_for_log(
+    let lost = stepped_down(
         &cut,
         "the cut-off leader to step down",
         Duration::from_secs(15),
-        |l| l["message"] == "lost leadership: stopping workers, staying a follower",
     )
     .await?;
     let stepped_down = at(&lost).duration_since(blocked);
@@ -434,11 +440,10 @@ async fn foreign_writes_to_the_lease_never_make_two_writers() -> Result<()> {
     let deposed = wait_for_leader(&env, &replicas, Some(&former_id)).await;
     replicas[former].process.signal(libc::SIGCONT);
     deposed?;
-    wait_for_log(
+    stepped_down(
         &replicas[former],
         "the former holder to step down",
         Duration::from_secs(10),
-        |l| l["message"] == "lost leadership: stopping workers, staying a follower",
     )
     .await?;
     let work = churn(&env, 5, 20);

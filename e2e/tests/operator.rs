@@ -634,26 +634,20 @@ struct HoldDeletes {
 }
 
 impl HoldDeletes {
+    /// The binding and the policy: kind and plural (deleted in this order).
+    const RESOURCES: [(&str, &str); 2] = [
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+    ];
+
     async fn install(client: &Client, ns: &str) -> Result<HoldDeletes> {
         use kube::api::DynamicObject;
         use kube::discovery::ApiResource;
         let name = format!("hold-myresources-{ns}");
-        let policy = ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk(
-                "admissionregistration.k8s.io",
-                "v1",
-                "ValidatingAdmissionPolicy",
-            ),
-            "validatingadmissionpolicies",
-        );
-        let binding = ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk(
-                "admissionregistration.k8s.io",
-                "v1",
-                "ValidatingAdmissionPolicyBinding",
-            ),
-            "validatingadmissionpolicybindings",
-        );
+        let [binding, policy] = HoldDeletes::RESOURCES.map(admission_resource);
         let object = |resource: &ApiResource, spec: serde_json::Value| -> Result<DynamicObject> {
             Ok(serde_json::from_value(json!({
                 "apiVersion": resource.api_version, "kind": resource.kind,
@@ -723,22 +717,19 @@ impl HoldDeletes {
 
     async fn remove(self) -> Result<()> {
         use kube::api::DynamicObject;
-        use kube::discovery::ApiResource;
-        for (kind, plural) in [
-            (
-                "ValidatingAdmissionPolicyBinding",
-                "validatingadmissionpolicybindings",
-            ),
-            ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-        ] {
-            let resource = ApiResource::from_gvk_with_plural(
-                &kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
-                plural,
-            );
+        for resource in HoldDeletes::RESOURCES.map(admission_resource) {
             Api::<DynamicObject>::all_with(self.client.clone(), &resource)
                 .delete(&self.name, &DeleteParams::default())
                 .await?;
         }
         Ok(())
     }
+}
+
+/// An `admissionregistration.k8s.io/v1` resource by kind and plural.
+fn admission_resource((kind, plural): (&str, &str)) -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+        plural,
+    )
 }

@@ -2,8 +2,10 @@
 //! Its own test binary, because it stops the binary's shared control plane.
 //!
 //! Proves (issue 13, item 8): while the server is gone, the replicas neither spin nor flood
-//! their logs; when it returns, the replica the Lease names takes it back (no lease-duration
-//! wait), and a change made right after the return is reconciled within a lease duration
+//! their logs; when it returns, the replica the Lease names takes it back or a follower
+//! whose clock ran out takes it over (one compare-and-swap wins; failed reads do not
+//! restart a follower's clock, issue 30), with no lease-duration wait, and a change made
+//! right after the return is reconciled within a lease duration
 //! plus 2 s (the watches retry at the server's return, not at their 30 s backoff cap); no
 //! replica writes after another acquired.
 //! Lease timings: 4 s / 3 s / 1 s.
@@ -124,7 +126,10 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
     );
     assert!(recovered <= bound, "took {recovered:?}, goal {bound:?}");
     let after = env.lease_holder().await?.unwrap_or_default();
-    assert_eq!(after, holder, "the replica the Lease named takes it back");
+    assert!(
+        replicas.iter().any(|r| r.config.identity == after),
+        "a replica holds the Lease, not {after:?} (before the outage: {holder})"
+    );
 
     env.assert_fenced(None, 4, 1)?;
     for r in &mut replicas {
