@@ -679,19 +679,7 @@ impl Driver {
                     self.read().await
                 };
                 match read {
-                    // The record last seen stands: if it is takeable, try it now. The
-                    // compare-and-swap carries its resourceVersion, so a record changed
-                    // meanwhile only conflicts; a failed read never delays a due takeover.
-                    Err(err) => {
-                        self.observe_replicas();
-                        let next = self.elector.next_action(Instant::now(), Timestamp::now());
-                        match next {
-                            Action::Create(_) | Action::Replace(_) if self.may_lead() => {
-                                self.attempt(false).await
-                            }
-                            _ => Err(err),
-                        }
-                    }
+                    Err(err) => Err(err),
                     Ok(()) => {
                         self.observe_replicas();
                         let next = self.elector.next_action(Instant::now(), Timestamp::now());

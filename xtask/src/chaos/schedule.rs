@@ -129,10 +129,10 @@ impl Fault {
             Fault::LeaderKill | Fault::LeaseRelabelKill => {
                 Some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period)
             }
-            // A failed read costs its replica a retry period's pause before it looks again
-            // (client-go's rule), so one more retry period.
+            // Each failed read costs its replica a retry period's pause before it looks
+            // again (client-go's rule); with half the reads failing, allow two of them.
             Fault::LeaderKillReadsFailing => {
-                Some(TEST_TIMINGS.lease_duration + 2 * TEST_TIMINGS.retry_period)
+                Some(TEST_TIMINGS.lease_duration + 3 * TEST_TIMINGS.retry_period)
             }
             Fault::ContainerKill => Some(Duration::from_secs(2)),
             _ => None,
