@@ -655,32 +655,29 @@ impl HoldDeletes {
             }))?)
         };
         let group = <MyResource as kube::Resource>::group(&());
-        Api::<DynamicObject>::all_with(client.clone(), &policy)
-            .create(
-                &PostParams::default(),
-                &object(
-                    &policy,
-                    json!({
-                        "failurePolicy": "Fail",
-                        "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
-                            "operations": ["DELETE"], "resources": ["myresources"]}]},
-                        "validations": [{"expression": "false", "message": "held by the test"}],
-                    }),
-                )?,
-            )
-            .await?;
-        Api::<DynamicObject>::all_with(client.clone(), &binding)
-            .create(
-                &PostParams::default(),
-                &object(
-                    &binding,
-                    json!({
-                        "policyName": name, "validationActions": ["Deny"],
-                        "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
-                    }),
-                )?,
-            )
-            .await?;
+        let specs = [
+            (
+                &policy,
+                json!({
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["*"],
+                        "operations": ["DELETE"], "resources": ["myresources"]}]},
+                    "validations": [{"expression": "false", "message": "held by the test"}],
+                }),
+            ),
+            (
+                &binding,
+                json!({
+                    "policyName": name, "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+                }),
+            ),
+        ];
+        for (resource, spec) in specs {
+            Api::<DynamicObject>::all_with(client.clone(), resource)
+                .create(&PostParams::default(), &object(resource, spec)?)
+                .await?;
+        }
         let hold = HoldDeletes {
             client: client.clone(),
             name,
