@@ -1,50 +1,89 @@
 //! Proof from the Pod lifecycle that the Lease holder's process has exited, so a follower
-//! may take over at once instead of waiting out the lease (pure; the follower's watch of
-//! the holder's Pod feeds it).
+//! may take over at once instead of waiting out the lease (pure, but for
+//! [`announce_instance`]; the follower's watch of the holder's Pod feeds it).
 //!
-//! The holder writes its Pod's uid on the Lease ([`HOLDER_UID`]). A follower takes the
-//! current record's term as ended when the holder's Pod — the one with that uid, by name
-//! and uid — reports its operator container as:
-//! - terminated (or waiting to restart after a termination) at or after the term's
-//!   `acquireTime`: the instance running when the term began has exited, and no instance
-//!   runs now; or
-//! - running, but started after the term's `acquireTime`: the instance that began the term
-//!   has exited (a container's instances run one after another) and the running one did not
-//!   write this record (a restarted process never continues a record it did not write; see
-//!   [`crate::election`]).
+//! Each process in a Pod picks a random *instance* token at start and writes it to its
+//! container's termination message file ([`TERMINATION_LOG`]). When the container ends,
+//! its node's kubelet copies that file into the container's terminated state (and, once
+//! restarted, its `lastState`); a new container instance gets a new, empty file. The holder
+//! writes its Pod's uid and its instance on every Lease write ([`Holder`]). A follower
+//! takes the current record's term as ended when the holder's Pod — the one with that uid,
+//! by name and uid — reports a termination of its operator container whose message names
+//! that instance: exactly the process that wrote the record has exited. A running container
+//! whose last termination names it has been restarted ([`Exit::Restarted`]); a restarted
+//! process never continues a record it did not write (see [`crate::election`]).
 //!
-//! Both compare two times of the holder's own node: `acquireTime` is written by the holder
-//! process, `startedAt` and `finishedAt` by its node's container runtime; the kubelet's
-//! one-second resolution only ever withholds a proof (a later truncated time is still
-//! later). Nothing else counts: not a Pod being deleted (its process may still run, and a
-//! graceful stop releases the Lease anyway), not a Pod gone from the API (a force-deleted
-//! Pod's container may still run), not a stale status (a node that stopped reporting shows
-//! the holder still running). Without a proof the follower waits for the lease to expire,
-//! as before.
+//! No clock is compared: not the record's `acquireTime`, not the container's `startedAt`
+//! or `finishedAt`, so a clock stepped back on the holder's node cannot make a live holder
+//! look restarted. Nothing else counts: not a Pod being deleted (its process may still run,
+//! and a graceful stop releases the Lease anyway), not a Pod gone from the API (a
+//! force-deleted Pod's container may still run), not a stale status (a node that stopped
+//! reporting shows the holder still running), not a termination of an earlier or later
+//! instance (two restarts in quick succession leave only the later one in `lastState`:
+//! the proof is withheld and the follower waits for the lease to expire, as it does
+//! without a proof). The proof trusts whoever may write the Pod's status — the node's
+//! kubelet, and anyone granted `pods/status` — as the whole cluster does.
 //!
-//! What about requests the dead process had already sent? The API server received them
-//! before the process died (on a working node network, what a process wrote before it died
-//! is delivered at once), so they belong to the old term, and every write carries a
-//! resourceVersion precondition: one still being processed when the new leader writes the
-//! same object cannot overwrite the new leader's write. A request held back in a dead
-//! process's socket buffer by a broken network could arrive later; lease expiry bounds
-//! that no better (TCP retransmits for minutes), and the precondition keeps it harmless.
+//! What about requests the dead process had already sent? They are bounded by
+//! [`crate::fence::MAX_WRITE_TIME`], which the follower waits out from the moment it saw
+//! the proof ([`crate::election`]); every write also carries a precondition.
 
-use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::api::core::v1::{ContainerState, Pod};
+use kube::ResourceExt;
 
 /// The Lease annotation naming the holder Pod's uid.
 pub const HOLDER_UID: &str = "trstringer.com/holder-pod-uid";
+/// The Lease annotation naming the holder process's instance token.
+pub const HOLDER_INSTANCE: &str = "trstringer.com/holder-instance";
 
 /// The container that runs the operator in the chart's Pods (when a Pod has several).
 pub const CONTAINER: &str = "operator";
+
+/// Where the kubelet mounts the container's termination message file (the default
+/// `terminationMessagePath`, which the chart states).
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// What the termination message says before the instance token.
+const INSTANCE_PREFIX: &str = "myresource-operator instance ";
+
+/// Picks this process's instance token and writes it to the termination message file at
+/// `path`. Without it (an error) this process offers no crash proof: followers wait for
+/// the lease to expire.
+pub fn announce_instance(path: &str) -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(path, format!("{INSTANCE_PREFIX}{token}\n"))
+        .map_err(|e| format!("writing {path}: {e}"))?;
+    Ok(token)
+}
+
+/// Who wrote a Lease, as its annotations say: the Pod's uid and the process's instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub pod_uid: String,
+    pub instance: String,
+}
+
+impl Holder {
+    /// The holder an object's annotations name, if they name both parts.
+    pub fn of(object: &impl ResourceExt) -> Option<Holder> {
+        let annotations = object.annotations();
+        Some(Holder {
+            pod_uid: annotations.get(HOLDER_UID)?.clone(),
+            instance: annotations.get(HOLDER_INSTANCE)?.clone(),
+        })
+    }
+}
 
 /// How the holder's process was seen to end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     /// Its container terminated (and has not been restarted yet).
     Terminated,
-    /// Its container was restarted: the running instance started after the term began.
+    /// Its container was restarted: a later instance runs.
     Restarted,
 }
 
@@ -57,17 +96,13 @@ impl Exit {
     }
 }
 
-/// Whether `pod` proves that the process that began the term of `record` (written with
-/// `holder_uid`) has exited; see the module doc.
-pub fn exited(record: &LeaseSpec, holder_uid: Option<&str>, pod: &Pod) -> Option<Exit> {
-    let holder = record
-        .holder_identity
-        .as_deref()
-        .filter(|h| !h.is_empty())?;
-    let acquired = record.acquire_time.as_ref()?.0;
-    if pod.metadata.name.as_deref() != Some(holder)
-        || holder_uid.is_none()
-        || pod.metadata.uid.as_deref() != holder_uid
+/// Whether `pod` proves that the process `holder` of the Pod named `name` has exited; see
+/// the module doc.
+pub fn exited(name: &str, holder: Option<&Holder>, pod: &Pod) -> Option<Exit> {
+    let holder = holder?;
+    if name.is_empty()
+        || pod.metadata.name.as_deref() != Some(name)
+        || pod.metadata.uid.as_deref() != Some(holder.pod_uid.as_str())
     {
         return None;
     }
@@ -76,20 +111,26 @@ pub fn exited(record: &LeaseSpec, holder_uid: Option<&str>, pod: &Pod) -> Option
         [only] => only,
         several => several.iter().find(|s| s.name == CONTAINER)?,
     };
-    let state = status.state.as_ref()?;
-    let finished_since = |state: Option<&ContainerState>| {
+    let ended = |state: Option<&ContainerState>| {
         state
             .and_then(|s| s.terminated.as_ref())
-            .and_then(|t| t.finished_at.as_ref())
-            .is_some_and(|finished| finished.0 >= acquired)
+            .and_then(|t| t.message.as_deref())
+            .is_some_and(|m| {
+                m.lines()
+                    .any(|l| l.strip_prefix(INSTANCE_PREFIX) == Some(holder.instance.as_str()))
+            })
     };
-    if let Some(running) = &state.running {
-        let started = running.started_at.as_ref()?.0;
-        return (started > acquired).then_some(Exit::Restarted);
+    let state = status.state.as_ref();
+    if ended(state) {
+        Some(Exit::Terminated)
+    } else if ended(status.last_state.as_ref()) {
+        Some(match state.and_then(|s| s.running.as_ref()) {
+            Some(_) => Exit::Restarted,
+            None => Exit::Terminated,
+        })
+    } else {
+        None
     }
-    let ended = finished_since(Some(state))
-        || (state.waiting.is_some() && finished_since(status.last_state.as_ref()));
-    ended.then_some(Exit::Terminated)
 }
 
 #[cfg(test)]
@@ -97,11 +138,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn record(acquired: &str) -> LeaseSpec {
-        serde_json::from_value(json!({
-            "holderIdentity": "p", "acquireTime": acquired, "leaseDurationSeconds": 15
-        }))
-        .unwrap()
+    fn holder() -> Holder {
+        Holder {
+            pod_uid: "u".into(),
+            instance: "i1".into(),
+        }
     }
 
     fn pod(name: &str, uid: &str, state: serde_json::Value, last: serde_json::Value) -> Pod {
@@ -115,81 +156,82 @@ mod tests {
         .unwrap()
     }
 
-    const ACQUIRED: &str = "2026-12-03T10:00:05.500000Z";
-
-    #[test]
-    fn a_termination_after_the_term_began_proves_the_exit() {
-        let r = record(ACQUIRED);
-        let terminated = |at: &str| json!({"terminated": {"exitCode": 137, "finishedAt": at, "startedAt": "2026-12-03T10:00:00Z"}});
-        let p = pod("p", "u", terminated("2026-12-03T10:00:09Z"), json!({}));
-        assert_eq!(exited(&r, Some("u"), &p), Some(Exit::Terminated));
-        // Waiting to restart after that termination: still no process.
-        let waiting = json!({"waiting": {"reason": "CrashLoopBackOff"}});
-        let p = pod(
-            "p",
-            "u",
-            waiting.clone(),
-            terminated("2026-12-03T10:00:09Z"),
-        );
-        assert_eq!(exited(&r, Some("u"), &p), Some(Exit::Terminated));
-        // A termination from before the term (the status predates the term's instance):
-        // the instance that began the term may be running. Same second: no proof either.
-        let p = pod("p", "u", terminated("2026-12-03T10:00:04Z"), json!({}));
-        assert_eq!(exited(&r, Some("u"), &p), None);
-        let p = pod("p", "u", waiting, terminated("2026-12-03T10:00:05Z"));
-        assert_eq!(exited(&r, Some("u"), &p), None);
+    fn terminated(instance: &str) -> serde_json::Value {
+        json!({"terminated": {"exitCode": 137, "finishedAt": "2026-12-03T10:00:09Z",
+            "message": format!("{INSTANCE_PREFIX}{instance}\n")}})
     }
 
     #[test]
-    fn an_instance_started_after_the_term_began_proves_a_restart() {
-        let r = record(ACQUIRED);
-        let running = |at: &str| json!({"running": {"startedAt": at}});
-        let p = pod("p", "u", running("2026-12-03T10:00:07Z"), json!({}));
-        assert_eq!(exited(&r, Some("u"), &p), Some(Exit::Restarted));
-        // Started before (or in the same second as) the term: it may be the holder.
-        let p = pod("p", "u", running("2026-12-03T10:00:05Z"), json!({}));
-        assert_eq!(exited(&r, Some("u"), &p), None);
+    fn the_holders_own_termination_proves_the_exit() {
+        let h = holder();
+        let p = pod("p", "u", terminated("i1"), json!({}));
+        assert_eq!(exited("p", Some(&h), &p), Some(Exit::Terminated));
+        // Waiting to restart after that termination: still no process.
+        let waiting = json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        let p = pod("p", "u", waiting, terminated("i1"));
+        assert_eq!(exited("p", Some(&h), &p), Some(Exit::Terminated));
+        // Restarted: a later instance runs.
+        let running = json!({"running": {"startedAt": "2026-12-03T10:00:10Z"}});
+        let p = pod("p", "u", running, terminated("i1"));
+        assert_eq!(exited("p", Some(&h), &p), Some(Exit::Restarted));
+    }
+
+    /// Issue 30, hole 5: the old proof compared the record's acquireTime with the
+    /// container's startedAt and finishedAt; a clock stepped back on the holder's node (or a
+    /// patched status) made a live holder look restarted. Only the instance's own
+    /// termination counts now.
+    #[test]
+    fn no_clock_and_no_other_instance_makes_a_proof() {
+        let h = holder();
+        // Started "after" any acquireTime by the node's clock: the holder may be this one.
+        let running = json!({"running": {"startedAt": "2099-01-01T00:00:00Z"}});
+        assert_eq!(
+            exited("p", Some(&h), &pod("p", "u", running.clone(), json!({}))),
+            None
+        );
+        // An earlier instance's termination, or one without a message.
+        assert_eq!(
+            exited("p", Some(&h), &pod("p", "u", running, terminated("i0"))),
+            None
+        );
+        let silent = json!({"terminated": {"exitCode": 137, "finishedAt": "2099-01-01T00:00:00Z"}});
+        assert_eq!(
+            exited("p", Some(&h), &pod("p", "u", silent, json!({}))),
+            None
+        );
+        // Two restarts: lastState shows the later instance only; the proof is withheld.
+        let again = json!({"running": {"startedAt": "2026-12-03T10:00:20Z"}});
+        assert_eq!(
+            exited("p", Some(&h), &pod("p", "u", again, terminated("i2"))),
+            None
+        );
     }
 
     #[test]
     fn nothing_else_is_a_proof() {
-        let r = record(ACQUIRED);
-        let terminated =
-            json!({"terminated": {"exitCode": 137, "finishedAt": "2026-12-03T10:00:09Z"}});
-        // Another Pod of the same name (a new uid), another Pod, no uid on the Lease.
+        let h = holder();
+        // Another Pod of the same name (a new uid), another Pod, no holder on the Lease, a
+        // released record.
         assert_eq!(
-            exited(&r, Some("u"), &pod("p", "v", terminated.clone(), json!({}))),
+            exited("p", Some(&h), &pod("p", "v", terminated("i1"), json!({}))),
             None
         );
         assert_eq!(
-            exited(&r, Some("u"), &pod("q", "u", terminated.clone(), json!({}))),
+            exited("p", Some(&h), &pod("q", "u", terminated("i1"), json!({}))),
             None
         );
         assert_eq!(
-            exited(&r, None, &pod("p", "u", terminated.clone(), json!({}))),
+            exited("p", None, &pod("p", "u", terminated("i1"), json!({}))),
             None
         );
-        // A released record, or one without an acquireTime.
-        let mut released = r.clone();
-        released.holder_identity = Some(String::new());
         assert_eq!(
-            exited(
-                &released,
-                Some("u"),
-                &pod("p", "u", terminated.clone(), json!({}))
-            ),
-            None
-        );
-        let mut undated = r.clone();
-        undated.acquire_time = None;
-        assert_eq!(
-            exited(&undated, Some("u"), &pod("p", "u", terminated, json!({}))),
+            exited("", Some(&h), &pod("", "u", terminated("i1"), json!({}))),
             None
         );
         // Waiting for the first start (no termination), or a Pod being deleted but running.
         let creating = json!({"waiting": {"reason": "ContainerCreating"}});
         assert_eq!(
-            exited(&r, Some("u"), &pod("p", "u", creating, json!({}))),
+            exited("p", Some(&h), &pod("p", "u", creating, json!({}))),
             None
         );
         let mut deleting = pod(
@@ -201,6 +243,44 @@ mod tests {
         deleting.metadata.deletion_timestamp =
             serde_json::from_value(json!("2026-12-03T10:00:08Z")).ok();
         assert!(deleting.metadata.deletion_timestamp.is_some());
-        assert_eq!(exited(&r, Some("u"), &deleting), None);
+        assert_eq!(exited("p", Some(&h), &deleting), None);
+    }
+
+    #[test]
+    fn the_instance_is_announced_in_the_termination_message() {
+        let dir = std::env::temp_dir().join(format!("mro-crash-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("termination-log");
+        let path = path.to_str().unwrap();
+        let token = announce_instance(path).unwrap();
+        assert_eq!(token.len(), 32);
+        assert_ne!(
+            announce_instance(path).unwrap(),
+            token,
+            "a new token each time"
+        );
+        let message = std::fs::read_to_string(path).unwrap();
+        let p = pod(
+            "p",
+            "u",
+            json!({"terminated": {"exitCode": 0, "message": message}}),
+            json!({}),
+        );
+        let h = Holder {
+            pod_uid: "u".into(),
+            instance: token,
+        };
+        assert_eq!(
+            exited("p", Some(&h), &p),
+            None,
+            "the earlier token was overwritten"
+        );
+        let h = Holder {
+            pod_uid: "u".into(),
+            instance: message.trim().rsplit(' ').next().unwrap().into(),
+        };
+        assert_eq!(exited("p", Some(&h), &p), Some(Exit::Terminated));
+        assert!(announce_instance(dir.join("missing/x").to_str().unwrap()).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -73,7 +73,7 @@ use crate::fence::{MAX_WRITE_TIME, SETTLE_MARGIN};
 use crate::leadership::{Leadership, Transition};
 use crate::metrics::Metrics;
 use crate::pod::PodInfo;
-use crate::replicas::{Pods, Replicas};
+use crate::replicas::{self, Replicas};
 use crate::succession;
 use crate::throttle::{Throttle, Verdict};
 
@@ -137,8 +137,8 @@ struct Observation {
     /// Monotonic time of the first observation of this record (not of this
     /// resourceVersion: metadata-only writes do not restart the clock).
     since: Instant,
-    /// The holder Pod's uid, as the Lease's [`crash::HOLDER_UID`] annotation names it.
-    holder_uid: Option<String>,
+    /// The holder's Pod and process, as the Lease's annotations name them ([`crash`]).
+    holder_pod: Option<crash::Holder>,
     /// The successor a released record names ([`succession::SUCCESSOR`]), while it may
     /// still be live.
     successor: Option<String>,
@@ -148,11 +148,6 @@ impl Observation {
     fn holder(&self) -> &str {
         holder_of(&self.spec)
     }
-}
-
-/// The holder Pod's uid a Lease is annotated with.
-fn holder_uid_of(lease: &Lease) -> Option<String> {
-    lease.annotations().get(crash::HOLDER_UID).cloned()
 }
 
 /// The successor a Lease names.
@@ -260,7 +255,7 @@ impl Elector {
         {
             return None;
         }
-        let exit = crash::exited(&obs.spec, obs.holder_uid.as_deref(), pod)?;
+        let exit = crash::exited(obs.holder(), obs.holder_pod.as_ref(), pod)?;
         self.exited = Some((obs.spec.clone(), now));
         Some(exit)
     }
@@ -318,12 +313,12 @@ impl Elector {
         self.absent = false;
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
-        let holder_uid = holder_uid_of(lease);
+        let holder_pod = crash::Holder::of(lease);
         if let Some(obs) = self.observed.as_mut().filter(|o| o.spec == spec) {
             // The same record (perhaps relabelled, perhaps after failed reads: it was not
             // renewed meanwhile): only the resourceVersion moves on, not the clock.
             obs.resource_version = rv;
-            obs.holder_uid = holder_uid;
+            obs.holder_pod = holder_pod;
             obs.successor = successor_of(lease);
             return;
         }
@@ -341,7 +336,7 @@ impl Elector {
             resource_version: rv,
             spec,
             since: now,
-            holder_uid,
+            holder_pod,
             successor: successor_of(lease),
         });
     }
@@ -449,9 +444,7 @@ impl Elector {
                     .pod
                     .as_ref()
                     .map(|pod| vec![pod.service_account.clone()]),
-                annotations: self.pod.as_ref().map(|pod| {
-                    std::collections::BTreeMap::from([(crash::HOLDER_UID.into(), pod.uid.clone())])
-                }),
+                annotations: self.pod.as_ref().map(PodInfo::annotations),
                 labels: self.labels.clone(),
                 ..Default::default()
             },
@@ -512,7 +505,7 @@ impl Elector {
             resource_version: written.resource_version().unwrap_or_default(),
             spec: written.spec.clone().unwrap_or_default(),
             since: started,
-            holder_uid: holder_uid_of(written),
+            holder_pod: crash::Holder::of(written),
             successor: None,
         });
         self.renewed_at = Some(started);
@@ -558,18 +551,6 @@ fn random_fraction() -> f64 {
     use std::hash::BuildHasher;
     let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
     (bits >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// Resolves when `pods` sees a change (marking it seen); never without a receiver.
-async fn changed(pods: &mut Option<tokio::sync::watch::Receiver<Arc<Pods>>>) {
-    match pods {
-        Some(pods) => {
-            if pods.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-        None => std::future::pending().await,
-    }
 }
 
 /// How often a repeating failure is logged.
@@ -921,7 +902,7 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = &mut deadline => return false,
-                _ = changed(&mut pods) => {
+                _ = replicas::changed(&mut pods) => {
                     self.observe_replicas();
                     let next = self.elector.next_action(Instant::now(), Timestamp::now());
                     if !matches!(next, Action::WaitUntil(_)) && self.may_lead() {
@@ -1101,6 +1082,7 @@ mod tests {
                 ..Default::default()
             },
             uid: "pod-uid".into(),
+            instance: Some("i".into()),
             ..Default::default()
         };
         let mut e = Elector::new("me", "l", "ns", timings()).in_pod(Some(pod.clone()));
@@ -1112,16 +1094,20 @@ mod tests {
         };
         let owners = Some(vec![pod.service_account.clone()]);
         assert_eq!(l.metadata.owner_references, owners);
-        assert_eq!(holder_uid_of(l).as_deref(), Some("pod-uid"));
+        let named = Some(crash::Holder {
+            pod_uid: "pod-uid".into(),
+            instance: "i".into(),
+        });
+        assert_eq!(crash::Holder::of(l), named);
         e.succeeded(&written(created, "1"), t);
         let Action::Replace(l) = e.next_action(t + Duration::from_secs(2), wall()) else {
             panic!("expected a renewal")
         };
         assert_eq!(l.metadata.owner_references, owners);
-        assert_eq!(holder_uid_of(&l).as_deref(), Some("pod-uid"));
+        assert_eq!(crash::Holder::of(&l), named);
         let plain = Elector::new("me", "l", "ns", timings()).lease(LeaseSpec::default(), None);
         assert_eq!(plain.metadata.owner_references, None);
-        assert_eq!(holder_uid_of(&plain), None);
+        assert_eq!(plain.metadata.annotations, None);
     }
 
     /// Issue 16: a follower takes over at once when the holder's Pod proves its process
@@ -1131,6 +1117,7 @@ mod tests {
         let t = Instant::now();
         let mut leader = Elector::new("p", "l", "ns", timings()).in_pod(Some(PodInfo {
             uid: "u".into(),
+            instance: Some("i1".into()),
             ..Default::default()
         }));
         leader.observe_absent();
@@ -1146,20 +1133,19 @@ mod tests {
             }))
             .unwrap()
         };
-        // wall() is the acquireTime; a termination 5 s later is after it.
-        let later = (wall() + Duration::from_secs(5)).to_string();
-        let running = serde_json::json!({"running": {"startedAt": (wall() - Duration::from_secs(60)).to_string()}});
+        let running = serde_json::json!({"running": {"startedAt": (wall() + Duration::from_secs(60)).to_string()}});
         assert_eq!(follower.observe_holder_pod(&pod("u", running), t), None);
         assert_eq!(follower.next_action(t, wall()), expiry);
-        // Another Pod of the same name: no proof.
-        let dead = serde_json::json!({"terminated": {"exitCode": 137, "finishedAt": later}});
-        assert_eq!(
-            follower.observe_holder_pod(&pod("v", dead.clone()), t),
-            None
-        );
+        // Another Pod of the same name, or another instance's termination: no proof.
+        let dead = |instance: &str| {
+            serde_json::json!({"terminated": {"exitCode": 137,
+            "message": format!("myresource-operator instance {instance}")}})
+        };
+        assert_eq!(follower.observe_holder_pod(&pod("v", dead("i1")), t), None);
+        assert_eq!(follower.observe_holder_pod(&pod("u", dead("i0")), t), None);
         assert_eq!(follower.next_action(t, wall()), expiry);
         assert_eq!(
-            follower.observe_holder_pod(&pod("u", dead), t),
+            follower.observe_holder_pod(&pod("u", dead("i1")), t),
             Some(Exit::Terminated)
         );
         // Its last writes may still be applied for their deadline (issue 30, hole 3): wait

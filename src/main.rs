@@ -6,6 +6,7 @@ use clap::Parser;
 use kube::Api;
 use myresource_operator::cli::{Cli, Command, RunArgs};
 use myresource_operator::controller::Controller;
+use myresource_operator::crash;
 use myresource_operator::echo::{EchoFilter, Echoes};
 use myresource_operator::election::{Driver, Elector};
 use myresource_operator::endpoints::{self, Health};
@@ -22,7 +23,7 @@ use myresource_operator::shardkey::ShardKey;
 use myresource_operator::{cache, kubeclient, pod, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// After stopping for its Pod's deletion, the longest wait for the kubelet's SIGTERM (the
 /// chart's termination grace period).
@@ -68,7 +69,16 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let timings = args.timings().map_err(anyhow::Error::msg)?;
     let config = kubeclient::config(args.kubeconfig.as_deref(), &identity).await?;
     let lease_namespace = args.lease_namespace(&config.default_namespace);
-    let pod = pod::this_pod().map_err(anyhow::Error::msg)?;
+    let pod = pod::this_pod()
+        .map_err(anyhow::Error::msg)?
+        .map(|pod| pod::PodInfo {
+            instance: crash::announce_instance(crash::TERMINATION_LOG)
+                .inspect_err(|error| {
+                    warn!(%error, "cannot name this process in its termination message: after a crash, followers wait for the lease")
+                })
+                .ok(),
+            ..pod
+        });
     let fence = Fence::default();
     let metrics = Arc::new(Metrics::new());
     let clients = kubeclient::clients(config, fence.clone(), metrics.clone())?;

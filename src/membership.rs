@@ -11,8 +11,12 @@
 //! - a member is live while its record keeps changing: judged, like a shard Lease, on this
 //!   replica's monotonic clock from when the record last changed, against the longer of our
 //!   lease duration and the record's (no remote clock is compared with ours);
-//! - a member leaving gracefully deletes its member Lease *before* its shards are released,
-//!   so the others plan without it by the time the releases arrive and take them at once;
+//! - a member whose Pod proves that the process that wrote its member Lease exited
+//!   ([`crash`]) is no member, whatever its Lease's age: its shards move at once;
+//! - a member leaving gracefully clears its member Lease (a tombstone) *before* its shards
+//!   are released, so the others plan without it by the time the releases arrive and take
+//!   them at once; a late write of the departed member fails against the tombstone, which
+//!   stays [`TOMBSTONE_AGE`] (so a member that left cannot reappear);
 //! - this replica caches every shard the plan gives it to lead or stand by for, and every
 //!   shard it still holds; it stops caching a shard only when neither is true any more.
 //!   A standby cache it does not have yet may wait (at most a retry period) while a
@@ -25,22 +29,25 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::assignment::{self, Intent, View};
 use crate::cache::Caches;
 use crate::cache::retry::retried;
+use crate::crash;
 use crate::election::Timings;
 use crate::kubeclient::Reachability;
 use crate::leadership::Leadership;
 use crate::metrics::Metrics;
+use crate::pod::PodInfo;
+use crate::replicas::{self, Pods, Replicas};
 use crate::shardkey::ShardKey;
 use crate::throttle::{Throttle, Verdict};
 
@@ -101,6 +108,9 @@ fn parse_shards(text: &str) -> BTreeSet<usize> {
 struct Seen {
     spec: LeaseSpec,
     warm: BTreeSet<usize>,
+    /// The Pod and process that wrote it ([`crash`]).
+    holder: Option<crash::Holder>,
+    resource_version: String,
     since: Instant,
 }
 
@@ -124,9 +134,13 @@ impl Group {
             .map(|w| parse_shards(w))
             .unwrap_or_default();
         let name = lease.name_any();
+        let holder = crash::Holder::of(lease);
+        let resource_version = lease.resource_version().unwrap_or_default();
         let since = match self.leases.get_mut(&name) {
             Some(seen) if seen.spec == spec => {
                 seen.warm = warm;
+                seen.holder = holder;
+                seen.resource_version = resource_version;
                 return;
             }
             Some(_) => now,
@@ -140,15 +154,25 @@ impl Group {
                 now.checked_sub(age).unwrap_or(now)
             }
         };
-        self.leases.insert(name, Seen { spec, warm, since });
+        self.leases.insert(
+            name,
+            Seen {
+                spec,
+                warm,
+                holder,
+                resource_version,
+                since,
+            },
+        );
     }
 
     pub fn forget(&mut self, name: &str) {
         self.leases.remove(name);
     }
 
-    /// The view at `now`: members whose Lease changed within the lease duration (plus
-    /// `me`, when joined), the shard holders among them, and who is warm for what.
+    /// The view at `now`: members whose Lease changed within the lease duration and whose
+    /// process is not proven to have exited by its Pod in `pods` (plus `me`, when joined),
+    /// the shard holders among them, and who is warm for what.
     pub fn view(
         &self,
         group: &str,
@@ -156,6 +180,7 @@ impl Group {
         me: Option<&str>,
         lease_duration: Duration,
         now: Instant,
+        pods: &Pods,
     ) -> (View, BTreeMap<String, BTreeSet<usize>>) {
         let prefix = format!("{group}-member-");
         let mut members = BTreeSet::new();
@@ -170,7 +195,10 @@ impl Group {
                 continue;
             };
             let duration = duration_of(&seen.spec).max(lease_duration);
-            if name.starts_with(&prefix) && now < seen.since + duration {
+            let exited = pods
+                .get(holder)
+                .and_then(|pod| crash::exited(holder, seen.holder.as_ref(), pod));
+            if name.starts_with(&prefix) && now < seen.since + duration && exited.is_none() {
                 members.insert(holder.to_string());
                 warm.insert(holder.to_string(), seen.warm.clone());
             }
@@ -187,6 +215,26 @@ impl Group {
             })
             .collect();
         (View { members, holders }, warm)
+    }
+
+    /// The member Leases of departed members (no holder) unchanged for [`TOMBSTONE_AGE`],
+    /// with their resourceVersions.
+    fn tombstones(&self, group: &str, now: Instant) -> Vec<(String, String)> {
+        let prefix = format!("{group}-member-");
+        self.leases
+            .iter()
+            .filter(|(name, seen)| {
+                name.starts_with(&prefix)
+                    && seen
+                        .spec
+                        .holder_identity
+                        .as_deref()
+                        .unwrap_or_default()
+                        .is_empty()
+                    && now >= seen.since + TOMBSTONE_AGE
+            })
+            .map(|(name, seen)| (name.clone(), seen.resource_version.clone()))
+            .collect()
     }
 
     /// When the next member would expire, if any.
@@ -217,14 +265,18 @@ pub struct Membership {
     pub intent: watch::Sender<Intent>,
     pub reachability: Reachability,
     pub metrics: Arc<Metrics>,
-    /// In a Pod: the ServiceAccount that owns the member Lease (as it owns the shard
-    /// Leases), so `helm uninstall` removes a crashed replica's too.
-    pub owner: Option<OwnerReference>,
+    /// In a Pod: this replica's Pod. Its ServiceAccount owns the member Lease (as it owns
+    /// the shard Leases), so `helm uninstall` removes a crashed replica's too; its uid and
+    /// instance go on it, so the others can drop this member as soon as its Pod proves
+    /// that its process exited ([`crash`]).
+    pub pod: Option<PodInfo>,
+    /// In a Pod: the replicas' Pods, which prove other members' exits.
+    pub replicas: Option<Replicas>,
 }
 
 impl Membership {
     /// Renews this replica's member Lease and keeps the plan, the cached shards and the
-    /// intent current, until `stop` fires; then deletes the member Lease (leaving the
+    /// intent current, until `stop` fires; then clears the member Lease (leaving the
     /// group) and returns.
     pub async fn run(self, stop: CancellationToken) {
         let name = member_lease(&self.group, &self.identity);
@@ -237,6 +289,7 @@ impl Membership {
         let mut events = std::pin::pin!(events);
         let mut warmed = self.caches.subscribe_warmed();
         let mut roles: Vec<_> = self.leaderships.iter().map(Leadership::subscribe).collect();
+        let mut pods = self.replicas.as_ref().map(Replicas::subscribe);
         let mut group = Group::default();
         let mut listing: Option<Group> = None;
         let mut listed = false;
@@ -282,6 +335,9 @@ impl Membership {
                 let joined =
                     renewed.is_some_and(|at| Instant::now() < at + self.timings.lease_duration);
                 replan_by = self.replan(&group, joined, &mut deferring);
+                if renewed == Some(now) {
+                    self.sweep(&group).await;
+                }
             }
             let wake = group
                 .next_expiry(&self.group, self.timings.lease_duration)
@@ -293,6 +349,7 @@ impl Membership {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep_until(wake.into()) => {}
                 _ = warmed.changed() => {}
+                _ = replicas::changed(&mut pods) => {}
                 _ = futures::future::select_all(roles.iter_mut().map(|r| Box::pin(r.changed()))) => {}
                 event = events.next() => match event {
                     Some(Event::Apply(lease)) => group.observe(&lease, Instant::now(), Timestamp::now()),
@@ -318,7 +375,7 @@ impl Membership {
                 },
             }
         }
-        self.leave(&name).await;
+        self.leave(&name, written).await;
     }
 
     /// Recomputes the plan: caches what it says, tells the shard elections what they may do.
@@ -331,12 +388,18 @@ impl Membership {
         deferring: &mut Option<Instant>,
     ) -> Option<Instant> {
         let me = joined.then_some(self.identity.as_str());
+        let pods = self
+            .replicas
+            .as_ref()
+            .map(Replicas::pods)
+            .unwrap_or_default();
         let (view, mut warm) = group.view(
             &self.group,
             self.key.shards(),
             me,
             self.timings.lease_duration,
             Instant::now(),
+            &pods,
         );
         let plan = assignment::plan(&view, self.standbys);
         let held: BTreeSet<usize> = self
@@ -399,16 +462,19 @@ impl Membership {
                 .map_err(|_| "reading the member Lease timed out".to_string())?
                 .map_err(|e| format!("reading the member Lease: {e}"))?,
         };
+        let mut annotations = self
+            .pod
+            .as_ref()
+            .map(PodInfo::annotations)
+            .unwrap_or_default();
+        annotations.insert(WARM_ANNOTATION.to_string(), format_shards(warm));
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 labels: Some(group_labels(&self.group)),
-                annotations: Some(BTreeMap::from([(
-                    WARM_ANNOTATION.to_string(),
-                    format_shards(warm),
-                )])),
+                annotations: Some(annotations),
                 resource_version: current.as_ref().and_then(|l| l.resource_version()),
-                owner_references: self.owner.clone().map(|o| vec![o]),
+                owner_references: self.pod.as_ref().map(|p| vec![p.service_account.clone()]),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
@@ -431,24 +497,88 @@ impl Membership {
             .map_err(|e| format!("writing the member Lease: {e}"))
     }
 
-    /// Deletes the member Lease, so the others plan without this replica at once.
-    async fn leave(&self, name: &str) {
-        let params = DeleteParams::default();
-        let request = self.api.delete(name, &params);
-        match tokio::time::timeout(self.timings.retry_period, request).await {
-            Ok(Ok(_)) => info!("left the shard group"),
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {}
-            Ok(Err(err)) => {
-                warn!(error = %err, "deleting the member Lease failed; the others see it expire")
+    /// Leaves the group: clears the holder of the member Lease (a *tombstone*), so the
+    /// others plan without this replica at once. The Lease is not deleted: a renew of ours
+    /// that timed out here may still reach the API server, and against a tombstone it fails
+    /// (its resourceVersion conflicts, a create finds the Lease exists) instead of bringing
+    /// the departed member back for a lease duration. [`Membership::sweep`] deletes
+    /// tombstones once no such write can still arrive.
+    async fn leave(&self, name: &str, written: Option<Lease>) {
+        let request = async {
+            let mut current = written;
+            for _ in 0..2 {
+                let lease = match current.take() {
+                    Some(lease) => lease,
+                    None => match self.api.get_opt(name).await? {
+                        Some(lease) => lease,
+                        None => return Ok(()),
+                    },
+                };
+                match self
+                    .api
+                    .replace(name, &PostParams::default(), &tombstone(lease))
+                    .await
+                {
+                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                    Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+                    other => return other.map(drop),
+                }
             }
-            Err(_) => warn!("deleting the member Lease timed out; the others see it expire"),
+            Ok(())
+        };
+        match tokio::time::timeout(self.timings.retry_period, request).await {
+            Ok(Ok(())) => info!("left the shard group"),
+            Ok(Err(err)) => {
+                warn!(error = %err, "clearing the member Lease failed; the others see it expire")
+            }
+            Err(_) => warn!("clearing the member Lease timed out; the others see it expire"),
         }
     }
+
+    /// Deletes the group's tombstones that are older than [`TOMBSTONE_AGE`] (each only
+    /// if unchanged since it was seen); a failure is left to the next sweep.
+    async fn sweep(&self, group: &Group) {
+        for (name, resource_version) in group.tombstones(&self.group, Instant::now()) {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: Some(resource_version),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match tokio::time::timeout(self.timings.retry_period, self.api.delete(&name, &params))
+                .await
+            {
+                Ok(Ok(_)) => info!(lease = %name, "deleted a departed member's Lease"),
+                Ok(Err(err)) => {
+                    debug!(lease = %name, error = %err, "deleting a departed member's Lease failed")
+                }
+                Err(_) => debug!(lease = %name, "deleting a departed member's Lease timed out"),
+            }
+        }
+    }
+}
+
+/// How long a departed member's cleared Lease stays: longer than any of its writes can
+/// take to arrive (the API server's default request timeout is 60 s).
+pub const TOMBSTONE_AGE: Duration = Duration::from_secs(300);
+
+/// `lease` with its holder cleared: what a member that left leaves behind.
+fn tombstone(mut lease: Lease) -> Lease {
+    let spec = lease.spec.get_or_insert_default();
+    spec.holder_identity = Some(String::new());
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    if let Some(annotations) = lease.metadata.annotations.as_mut() {
+        annotations.remove(WARM_ANNOTATION);
+    }
+    lease
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
 
     fn lease(name: &str, holder: &str, renew: &str, warm: &str) -> Lease {
         let mut lease = Lease::default();
@@ -497,13 +627,20 @@ mod tests {
             t + 3 * second,
             w,
         );
-        let (view, warm) = group.view("op", 2, Some("me"), 4 * second, t + 2 * second);
+        let (view, warm) = group.view(
+            "op",
+            2,
+            Some("me"),
+            4 * second,
+            t + 2 * second,
+            &Pods::default(),
+        );
         assert_eq!(
             view.members,
             BTreeSet::from(["a".into(), "b".into(), "me".into()])
         );
         assert_eq!(warm["a"], BTreeSet::from([0, 1]));
-        let (view, _) = group.view("op", 2, None, 4 * second, t + 5 * second);
+        let (view, _) = group.view("op", 2, None, 4 * second, t + 5 * second, &Pods::default());
         assert_eq!(view.members, BTreeSet::from(["a".into()]));
         assert_eq!(view.holders, [Some("a".into()), None], "b expired");
         // A metadata-only change (the warm shards) does not restart the clock.
@@ -512,7 +649,14 @@ mod tests {
             t + 6 * second,
             w,
         );
-        let (view, warm) = group.view("op", 2, None, 4 * second, t + 7 * second + second);
+        let (view, warm) = group.view(
+            "op",
+            2,
+            None,
+            4 * second,
+            t + 7 * second + second,
+            &Pods::default(),
+        );
         assert!(view.members.is_empty(), "{view:?}");
         assert!(warm.is_empty());
     }
@@ -534,9 +678,97 @@ mod tests {
             t,
             wall("2026-01-01T00:00:10Z"),
         );
-        let (view, _) = group.view("op", 0, None, 4 * second, t);
+        let (view, _) = group.view("op", 0, None, 4 * second, t, &Pods::default());
         assert_eq!(view.members, BTreeSet::from(["new".into()]));
-        let (view, _) = group.view("op", 0, None, 4 * second, t + 3 * second);
+        let (view, _) = group.view("op", 0, None, 4 * second, t + 3 * second, &Pods::default());
         assert!(view.members.is_empty());
+    }
+
+    /// Issue 30, hole 6: a member whose Pod proves that the process that wrote its member
+    /// Lease exited leaves the plan at once, and its shards with it (before, it stayed a
+    /// member until its Lease expired, so its shards waited for the lease duration).
+    #[test]
+    fn a_member_whose_exit_is_proven_leaves_the_plan_at_once() {
+        let t = Instant::now() + Duration::from_secs(3600);
+        let w = wall("2026-01-01T00:00:00Z");
+        let mut group = Group::default();
+        let mut b = lease("op-member-b", "b", "2026-01-01T00:00:00Z", "0");
+        b.metadata.annotations.as_mut().unwrap().extend([
+            (crash::HOLDER_UID.to_string(), "uid-b".to_string()),
+            (crash::HOLDER_INSTANCE.to_string(), "i1".to_string()),
+        ]);
+        group.observe(&b, t, w);
+        group.observe(
+            &lease("op-member-a", "a", "2026-01-01T00:00:00Z", "0"),
+            t,
+            w,
+        );
+        group.observe(&lease("op-0", "b", "2026-01-01T00:00:00Z", ""), t, w);
+        let pod = |message: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "b", "uid": "uid-b"},
+                "status": {"containerStatuses": [{"name": "operator", "image": "i",
+                    "imageID": "", "ready": false, "restartCount": 1,
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}},
+                    "lastState": {"terminated": {"exitCode": 137, "message": message}}}]}
+            }))
+            .unwrap()
+        };
+        let pods = |message: &str| Pods::from([("b".to_string(), Arc::new(pod(message)))]);
+        // An earlier instance's termination proves nothing: b is live, and holds shard 0.
+        let (view, _) = group.view(
+            "op",
+            1,
+            None,
+            Duration::from_secs(4),
+            t,
+            &pods("myresource-operator instance i0"),
+        );
+        assert_eq!(view.members, BTreeSet::from(["a".into(), "b".into()]));
+        assert_eq!(view.holders, [Some("b".into())]);
+        // Its own: b is out of the plan at once, and shard 0 has no holder to wait for.
+        let (view, _) = group.view(
+            "op",
+            1,
+            None,
+            Duration::from_secs(4),
+            t,
+            &pods("myresource-operator instance i1"),
+        );
+        assert_eq!(view.members, BTreeSet::from(["a".into()]));
+        assert_eq!(view.holders, [None]);
+    }
+
+    /// Issue 30, hole 6: a member that left is a tombstone (no holder), never a member;
+    /// tombstones are swept only after [`TOMBSTONE_AGE`].
+    #[test]
+    fn a_departed_member_leaves_a_tombstone_until_its_writes_are_over() {
+        let t = Instant::now() + Duration::from_secs(3600);
+        let w = wall("2026-01-01T00:00:00Z");
+        let mut group = Group::default();
+        let mut live = lease("op-member-b", "b", "2026-01-01T00:00:00Z", "0");
+        live.metadata.resource_version = Some("7".into());
+        let mut gone = tombstone(live.clone());
+        gone.metadata.resource_version = Some("8".into());
+        assert_eq!(
+            gone.spec.as_ref().unwrap().holder_identity.as_deref(),
+            Some("")
+        );
+        assert!(!gone.annotations().contains_key(WARM_ANNOTATION));
+        group.observe(&live, t, w);
+        group.observe(&gone, t, w);
+        let (view, _) = group.view("op", 0, None, Duration::from_secs(4), t, &Pods::default());
+        assert!(view.members.is_empty());
+        assert!(group.tombstones("op", t + TOMBSTONE_AGE / 2).is_empty());
+        assert_eq!(
+            group.tombstones("op", t + TOMBSTONE_AGE),
+            [("op-member-b".to_string(), "8".to_string())]
+        );
+        // The same identity back before the sweep: its Lease is a member again.
+        let mut back = live;
+        back.metadata.resource_version = Some("9".into());
+        back.spec.as_mut().unwrap().renew_time = Some(MicroTime(wall("2026-01-01T00:05:00Z")));
+        group.observe(&back, t + TOMBSTONE_AGE, w);
+        assert!(group.tombstones("op", t + TOMBSTONE_AGE * 2).is_empty());
     }
 }

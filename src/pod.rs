@@ -7,8 +7,9 @@
 //!   chart's ServiceAccount as its owner the garbage collector removes it with the release.
 //!   No permission on the ServiceAccount is needed, as the reference does not block its
 //!   deletion.
-//! - The Pod's uid goes on every Lease this replica writes, so that followers can tell the
-//!   holder's Pod from a later one of the same name (see [`crate::crash`]).
+//! - The Pod's uid and the process's instance token go on every Lease this replica writes,
+//!   so that followers can tell the holder's Pod from a later one of the same name, and its
+//!   process from a later one in the same container (see [`crate::crash`]).
 //! - The Pod's name and namespace: a replica watches its own Pod and its peers
 //!   ([`crate::replicas`]) and stops as soon as its Pod is being deleted, before the
 //!   kubelet's SIGTERM arrives, so a leader Pod's deletion hands over as fast as the API
@@ -17,7 +18,11 @@
 //! Outside a Pod (a kubeconfig, a user's token) there is neither: the Lease has no owner and
 //! crashes are detected by lease expiry only.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use crate::crash;
 
 /// What the token says about this replica's Pod.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -27,6 +32,20 @@ pub struct PodInfo {
     pub name: String,
     pub namespace: String,
     pub uid: String,
+    /// This process's instance token, announced in the container's termination message
+    /// ([`crate::crash`]); `None` when that failed (no crash proof is offered).
+    pub instance: Option<String>,
+}
+
+impl PodInfo {
+    /// The annotations naming this replica's Pod and process on every Lease it writes.
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        let mut annotations = BTreeMap::from([(crash::HOLDER_UID.into(), self.uid.clone())]);
+        if let Some(instance) = &self.instance {
+            annotations.insert(crash::HOLDER_INSTANCE.into(), instance.clone());
+        }
+        annotations
+    }
 }
 
 /// Where a Pod's ServiceAccount token is mounted.
@@ -70,6 +89,7 @@ fn from_token(token: &str) -> Result<PodInfo, String> {
             .map(String::from)
             .ok_or("the ServiceAccount token names no namespace")?,
         uid: field("pod", "uid")?,
+        instance: None,
     })
 }
 

@@ -39,6 +39,18 @@ const PER_POD_LABELS: [&str; 4] = [
     "apps.kubernetes.io/pod-index",
 ];
 
+/// Resolves when `pods` sees a change (marking it seen); never without a receiver.
+pub async fn changed(pods: &mut Option<watch::Receiver<Arc<Pods>>>) {
+    match pods {
+        Some(pods) => {
+            if pods.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// A watch of the replicas' Pods, running until the last clone is dropped.
 #[derive(Clone)]
 pub struct Replicas {

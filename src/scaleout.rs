@@ -161,7 +161,8 @@ pub async fn run(s: ScaleOut, stop: impl Future<Output = ()>) -> Result<()> {
             intent,
             reachability: s.clients.reachability.clone(),
             metrics: s.metrics.clone(),
-            owner: s.pod.as_ref().map(|p| p.service_account.clone()),
+            pod: s.pod.clone(),
+            replicas: s.replicas.clone(),
         }
         .run(leave.clone()),
     );

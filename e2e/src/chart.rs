@@ -73,8 +73,8 @@ pub fn install(
 }
 
 /// A rolling update of release `release` in `namespace` (kubeconfig and Helm folders as in
-/// `helm`): `helm upgrade --reuse-values` with the Pod annotation `key=value` (a new Pod
-/// template), then a wait of up to `limit` until the chart's Deployment has rolled out
+/// `helm`): `helm upgrade --reuse-values --set key=value` (a value that changes the Pod
+/// template, such as `podAnnotations.<name>`), then a wait of up to `limit` until the chart's Deployment has rolled out
 /// `replicas` updated, Ready replicas and no others.
 pub async fn roll(
     helm: &mut Command,
@@ -88,7 +88,7 @@ pub async fn roll(
         helm.args(["upgrade", release])
             .arg(workspace_root().join("charts/myresource-operator"))
             .args(["--namespace", namespace, "--reuse-values"])
-            .args(["--set", &format!("podAnnotations.{key}={value}")]),
+            .args(["--set", &format!("{key}={value}")]),
         None,
     )?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);

@@ -855,7 +855,14 @@ async fn scale_out_replicas_with_the_charts_rbac_hold_every_shard() -> Result<()
         SHARDS + 1
     );
 
-    // Leaving deletes the member Lease and hands every shard to the other replica.
+    // Leaving clears the member Lease (a tombstone) and hands every shard to the other
+    // replica. A renew of the departed replica that arrives late — replayed here as it was
+    // written while it was live — fails against the tombstone instead of bringing it back
+    // (issue 30, hole 6: with the Lease deleted, a late create succeeded).
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(env.client.clone(), &ns);
+    let member = myresource_operator::membership::member_lease("myresource-operator", both[0]);
+    let live = leases.get(&member).await?;
     replicas[0].stop();
     e2e::shards::wait_steady(
         &env.client,
@@ -865,14 +872,25 @@ async fn scale_out_replicas_with_the_charts_rbac_hold_every_shard() -> Result<()
         Duration::from_secs(60),
     )
     .await?;
-    let member = myresource_operator::membership::member_lease("myresource-operator", both[0]);
-    assert!(
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(env.client.clone(), &ns)
-            .get_opt(&member)
-            .await?
-            .is_none(),
-        "{member} left behind"
+    let left = leases.get(&member).await?;
+    assert_eq!(
+        left.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref()),
+        Some(""),
+        "{member} is not a tombstone: {left:?}"
     );
+    let late_replace = leases.replace(&member, &PostParams::default(), &live).await;
+    let mut recreated = live.clone();
+    recreated.metadata.resource_version = None;
+    let late_create = leases.create(&PostParams::default(), &recreated).await;
+    for (what, result) in [("replace", late_replace), ("create", late_create)] {
+        assert!(
+            matches!(&result, Err(kube::Error::Api(s)) if s.code == 409),
+            "a late {what} of {member}: {result:?}"
+        );
+    }
+    assert_eq!(leases.get(&member).await?.spec, left.spec);
     e2e::objects::set_message(&env, "o1", "one replica").await?;
     e2e::objects::wait_converged(&env, Duration::from_secs(60)).await?;
     assert_nothing_forbidden(&replicas);

@@ -3,7 +3,9 @@
 //! Running and Ready with exactly one leader, the tutorial's example reconciled in the
 //! `default` namespace with nothing but the chart's RBAC, the leader Pod deleted, the
 //! leader's container SIGKILLed from the host, a rolling `helm upgrade` without an
-//! overlapping write and with one leadership move, onto the new template, and `helm uninstall` leaving no operator object behind.
+//! overlapping write and with one leadership move, onto the new template, an upgrade to
+//! scale-out mode whose shard leader's container is SIGKILLed, and `helm uninstall`
+//! leaving no operator object behind.
 //!
 //! One test, in order: each step starts from the state the previous one left, as a user's
 //! session would. The Lease timings are the chart's defaults (15 s / 10 s / 2 s).
@@ -28,6 +30,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use myresource_operator::resource::MyResource;
+use myresource_operator::shardkey::ShardKey;
 use serde_json::json;
 
 const RELEASE: &str = "mro";
@@ -43,6 +46,8 @@ const FAILOVER_WITHIN: Duration = Duration::from_secs(40);
 /// A crashed leader's container is proven dead by the kubelet's report (about a second):
 /// far below the 15 s lease, so a fall-back to lease expiry fails the test.
 const CRASH_FAILOVER_WITHIN: Duration = Duration::from_secs(5);
+/// Shard Leases in the scale-out step.
+const SHARD_LEASES: usize = 4;
 
 fn helm(env: &TestEnv) -> Result<Command> {
     let home = std::env::temp_dir().join("myresource-e2e-helm");
@@ -212,7 +217,7 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
         &mut helm(&env)?,
         &env.client,
         (RELEASE, &env.namespace),
-        ("rollout", "second"),
+        ("podAnnotations.rollout", "second"),
         3,
         Duration::from_secs(240),
     )
@@ -236,7 +241,66 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     // Every write the Pods made (the example's, in `default`), judged by when it took effect.
     env.assert_fenced(None, 6, 3)?;
 
-    // 7. helm uninstall: no operator object is left (the Lease goes with its owner).
+    // 7. Scale-out: `helm upgrade` to four shard Leases, then the container of the replica
+    //    leading the example's shard SIGKILLed from the host: the shard moves on the
+    //    kubelet's report, as the single Lease does (issue 30, hole 6: it waited for the
+    //    dead member's Lease to expire, and its own restarted container took it back).
+    e2e::chart::roll(
+        &mut helm(&env)?,
+        &env.client,
+        (RELEASE, &env.namespace),
+        ("sharding.leases", &SHARD_LEASES.to_string()),
+        3,
+        Duration::from_secs(240),
+    )
+    .await?;
+    let pods = wait_for_ready_pods(&env, 3).await?;
+    let live: Vec<&str> = pods.iter().map(String::as_str).collect();
+    let steady = e2e::shards::wait_steady(
+        &env.client,
+        &env.namespace,
+        SHARD_LEASES,
+        &live,
+        READY_WITHIN,
+    )
+    .await?;
+    let key = ShardKey::new(SHARD_LEASES);
+    let shard = e2e::shards::shard_by_name(&env.client, "default", key).await?[EXAMPLE];
+    let victim = steady.holders[shard].clone();
+    let shard_lease = format!("{LEASE}-{shard}");
+    let term = |lease: &Lease| {
+        let holder = myresource_operator::crash::Holder::of(lease).map(|h| h.instance);
+        let spec = lease.spec.clone().unwrap_or_default();
+        (
+            spec.holder_identity.unwrap_or_default(),
+            holder,
+            spec.acquire_time,
+        )
+    };
+    let before = term(&lease.get(&shard_lease).await?);
+    let pid = e2e::node::pod_process(&victim, "/myresource-operator")?;
+    let killed_at = Instant::now();
+    e2e::node::sigkill(pid)?;
+    set_message(&env.client, "after the shard kill").await?;
+    wait_for_message(&env.client, "after the shard kill").await?;
+    let shard_failover = killed_at.elapsed();
+    let after = term(&lease.get(&shard_lease).await?);
+    eprintln!(
+        "container of {victim} (leading shard {shard}) SIGKILLed: {} (instance {:?}) leads it \
+         and reconciled a change made right after the kill in {:.2} s",
+        after.0,
+        after.1,
+        shard_failover.as_secs_f64()
+    );
+    // The new term may be the restarted container's (a live member, as the plan says) or
+    // another replica's; not the killed process's.
+    ensure!(
+        shard_failover < CRASH_FAILOVER_WITHIN && after.1 != before.1 && after.2 != before.2,
+        "shard {shard} failover took {shard_failover:?} ({before:?} → {after:?}), not under \
+         {CRASH_FAILOVER_WITHIN:?} in a new term: the kubelet's report was not used"
+    );
+
+    // 8. helm uninstall: no operator object is left (the Leases go with their owner).
     run(helm(&env)?.args(["uninstall", RELEASE, "--wait"]), None)?;
     poll("every operator object to be gone", READY_WITHIN, || async {
         let left = operator_objects(&env.client, &env.namespace).await?;

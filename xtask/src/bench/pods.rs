@@ -215,7 +215,7 @@ async fn rollouts(cluster: &Cluster, client: &Client, count: usize) -> Result<Ve
         let from = Timestamp::now();
         let mark = format!("r{i}");
         let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
-        let (namespace, rollout) = (NAMESPACE, ("rollout", mark.as_str()));
+        let (namespace, rollout) = (NAMESPACE, ("podAnnotations.rollout", mark.as_str()));
         e2e::chart::roll(&mut helm, client, (RELEASE, namespace), rollout, 3, LIMIT).await?;
         let holder = wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
         let log = e2e::audit::read(&cluster.audit_log)?;

@@ -236,7 +236,7 @@ impl InCluster {
                     &mut helm,
                     &self.client,
                     (RELEASE, NAMESPACE),
-                    ("chaos", &mark),
+                    ("podAnnotations.chaos", &mark),
                     3,
                     LIMIT,
                 )
