@@ -12,7 +12,11 @@
 //!   that was the largest single item in the operator's CPU profile.)
 //! - its lock is never held across a request;
 //! - a failed create is forgotten, so the next occurrence creates again; a series patch
-//!   that finds its Event gone (404) creates a new one.
+//!   that finds its Event gone (404) or changed (409) creates a new one;
+//! - every write is conditional: a series patch carries the resourceVersion this replica's
+//!   last write of the Event left (while that write's outcome is unknown, the next
+//!   occurrence creates a new Event instead), so a late patch from an earlier term cannot
+//!   overwrite a later one.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -62,8 +66,13 @@ pub struct Key {
 pub enum Decision {
     /// Create an Event with the name given to [`Recent::observe`].
     Create,
-    /// Patch the series of the Event `name` to `count` occurrences.
-    Series { name: String, count: i32 },
+    /// Patch the series of the Event `name` to `count` occurrences, on condition that it
+    /// is still at `resource_version` (as this replica last wrote it).
+    Series {
+        name: String,
+        count: i32,
+        resource_version: String,
+    },
 }
 
 #[derive(Debug)]
@@ -71,6 +80,9 @@ struct Seen {
     name: String,
     count: i32,
     last: Instant,
+    /// As this replica's last write of the Event left it; `None` while that write is in
+    /// flight or if its answer was lost.
+    resource_version: Option<String>,
 }
 
 /// Recently published events, by key.
@@ -98,22 +110,43 @@ impl Recent {
         }
         match self.seen.get_mut(&key) {
             Some(s) if now.saturating_duration_since(s.last) < SERIES_WINDOW => {
-                s.count += 1;
-                s.last = now;
-                Decision::Series {
-                    name: s.name.clone(),
-                    count: s.count,
+                if let Some(resource_version) = s.resource_version.take() {
+                    s.count += 1;
+                    s.last = now;
+                    return Decision::Series {
+                        name: s.name.clone(),
+                        count: s.count,
+                        resource_version,
+                    };
                 }
+                // Its last write's outcome is unknown: a new Event, as no condition can be
+                // put on a patch of this one.
+                *s = Seen {
+                    name: fresh_name.to_string(),
+                    count: 1,
+                    last: now,
+                    resource_version: None,
+                };
+                Decision::Create
             }
             _ => {
                 let seen = Seen {
                     name: fresh_name.to_string(),
                     count: 1,
                     last: now,
+                    resource_version: None,
                 };
                 self.seen.insert(key, seen);
                 Decision::Create
             }
+        }
+    }
+
+    /// Records that this replica's write of the Event `name` for `key` left it at
+    /// `resource_version` (the next occurrence patches it on that condition).
+    pub fn written(&mut self, key: &Key, name: &str, resource_version: Option<String>) {
+        if let Some(s) = self.seen.get_mut(key).filter(|s| s.name == name) {
+            s.resource_version = resource_version;
         }
     }
 
@@ -174,19 +207,32 @@ impl Publisher {
         let fresh_name = format!("{name}.{:x}", now.as_nanosecond());
         let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let decision = self.remember(|r| r.observe(key.clone(), &fresh_name, Instant::now()));
-        if let Decision::Series { name, count } = decision {
+        if let Decision::Series {
+            name,
+            count,
+            resource_version,
+        } = decision
+        {
             let series = EventSeries {
                 count,
                 last_observed_time: MicroTime(now),
             };
-            let patch = json!({ "series": series });
+            // The resourceVersion makes the merge patch conditional, as every other write.
+            let patch = json!({
+                "metadata": {"resourceVersion": resource_version},
+                "series": series,
+            });
             match api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(status)) if status.code == 404 => {
-                    // Expired or deleted: start again with a new Event.
+                Ok(event) => {
+                    self.remember(|r| r.written(&key, &name, event.metadata.resource_version));
+                    return Ok(());
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                    // Expired, deleted, or changed by another write: start again with a
+                    // new Event.
                     self.remember(|r| {
                         r.forget(&key);
                         r.observe(key.clone(), &fresh_name, Instant::now())
@@ -211,11 +257,17 @@ impl Publisher {
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         };
-        if let Err(err) = api.create(&PostParams::default(), &event).await {
-            self.remember(|r| r.forget(&key));
-            return Err(err);
+        match api.create(&PostParams::default(), &event).await {
+            Ok(created) => {
+                let name = created.metadata.name.unwrap_or_default();
+                self.remember(|r| r.written(&key, &name, created.metadata.resource_version));
+                Ok(())
+            }
+            Err(err) => {
+                self.remember(|r| r.forget(&key));
+                Err(err)
+            }
         }
-        Ok(())
     }
 
     fn remember<T>(&self, f: impl FnOnce(&mut Recent) -> T) -> T {
@@ -241,15 +293,18 @@ mod tests {
         let t0 = Instant::now();
         let mut recent = Recent::new(t0);
         assert_eq!(recent.observe(key("R"), "a.1", t0), Decision::Create);
+        recent.written(&key("R"), "a.1", Some("10".into()));
         let t1 = t0 + Duration::from_secs(60);
-        let series = |count| Decision::Series {
+        let series = |count, rv: &str| Decision::Series {
             name: "a.1".into(),
             count,
+            resource_version: rv.into(),
         };
-        assert_eq!(recent.observe(key("R"), "a.2", t1), series(2));
+        assert_eq!(recent.observe(key("R"), "a.2", t1), series(2, "10"));
+        recent.written(&key("R"), "a.1", Some("11".into()));
         // The window runs from the last occurrence, not the first.
         let t2 = t1 + SERIES_WINDOW - Duration::from_secs(1);
-        assert_eq!(recent.observe(key("R"), "a.3", t2), series(3));
+        assert_eq!(recent.observe(key("R"), "a.3", t2), series(3, "11"));
         // Another reason is another event.
         assert_eq!(recent.observe(key("Other"), "a.4", t2), Decision::Create);
     }
@@ -259,17 +314,44 @@ mod tests {
         let t0 = Instant::now();
         let mut recent = Recent::new(t0);
         recent.observe(key("R"), "a.1", t0);
+        recent.written(&key("R"), "a.1", Some("1".into()));
         assert_eq!(
             recent.observe(key("R"), "a.2", t0 + SERIES_WINDOW),
             Decision::Create
         );
+        // A late answer about the old Event changes nothing.
+        recent.written(&key("R"), "a.1", Some("5".into()));
+        recent.written(&key("R"), "a.2", Some("2".into()));
         assert_eq!(
             recent.observe(key("R"), "a.3", t0 + SERIES_WINDOW + Duration::from_secs(1)),
             Decision::Series {
                 name: "a.2".into(),
-                count: 2
+                count: 2,
+                resource_version: "2".into(),
             }
         );
+    }
+
+    /// Issue 30, hole 3: every write is conditional, series patches too. A patch goes out
+    /// only with the resourceVersion this replica's last write of the Event left; while
+    /// that write's outcome is unknown, the next occurrence creates a new Event instead.
+    #[test]
+    fn a_series_patch_is_conditional_on_the_last_write() {
+        let t0 = Instant::now();
+        let mut recent = Recent::new(t0);
+        recent.observe(key("R"), "a.1", t0);
+        // The create's answer has not come (or was lost): no patch without a condition.
+        assert_eq!(recent.observe(key("R"), "a.2", t0), Decision::Create);
+        recent.written(&key("R"), "a.2", Some("7".into()));
+        let Decision::Series {
+            resource_version, ..
+        } = recent.observe(key("R"), "a.3", t0)
+        else {
+            panic!("expected a series patch")
+        };
+        assert_eq!(resource_version, "7");
+        // That patch is in flight: the next occurrence cannot reuse its condition.
+        assert_eq!(recent.observe(key("R"), "a.4", t0), Decision::Create);
     }
 
     #[test]

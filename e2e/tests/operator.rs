@@ -4,14 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use e2e::harness;
 use e2e::wait::poll;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use myresource_operator::resource::{MyResource, MyResourceSpec, POD_LABEL, PodCounts};
 use serde_json::json;
 
@@ -222,6 +222,27 @@ async fn configmap_is_restored_and_garbage_collected() -> Result<()> {
                 "ConfigMap kept updated".to_string()
             ),
         ]
+    );
+    // The series patch is conditional (issue 30, hole 3): the operator sends the Event's
+    // resourceVersion in its merge patch, which the API server refuses once stale.
+    let created = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("ConfigMapCreated"))
+        .context("the ConfigMapCreated Event")?;
+    let stale = json!({"metadata": {"resourceVersion": "1"}, "series": created.series});
+    let refused = events
+        .patch(
+            &created.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&stale),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 409),
+        "a series patch with a stale resourceVersion: {refused:?}"
     );
 
     // The MyResource deleted → its ConfigMap goes by garbage collection.
