@@ -10,6 +10,7 @@ use e2e::lease::{self, TEST_TIMINGS, Timings};
 use e2e::overload_proxy::{Overload, OverloadStats};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
+use myresource_operator::membership::member_lease;
 use serde_json::{Value, json};
 
 use super::Chaos;
@@ -85,6 +86,11 @@ impl Chaos {
             }
             Fault::LeaseDelete => foreign_lease::delete(&self.leases(), lease).await?,
             Fault::LeaseClearHolder => foreign_lease::set_holder(&self.leases(), lease, "").await?,
+            Fault::MemberLeaseDelete => {
+                let member = member_lease(e2e::shards::GROUP, &hit.leader);
+                foreign_lease::delete(&self.leases(), &member).await?;
+                hit.details["member_lease"] = member.into();
+            }
             Fault::LeaseNameFormerHolder => {
                 hit.details["holder_named_over"] =
                     self.name_former_holder(leader, lease).await?.into();

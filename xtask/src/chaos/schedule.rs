@@ -23,6 +23,9 @@ pub(super) enum Fault {
     /// A foreign merge patch names a live former holder (the leader frozen until deposed,
     /// then woken) holder of the current term.
     LeaseNameFormerHolder,
+    /// Scale-out: the struck replica's member Lease deleted under it (`kubectl delete
+    /// lease`); it must come back without a shard changing hands.
+    MemberLeaseDelete,
     /// The leader restarted with longer timings than the others, then frozen for longer
     /// than their lease duration but shorter than its own renew deadline.
     MixedTimings,
@@ -70,7 +73,7 @@ pub(super) const FAULTS: [Fault; 14] = [
 /// The faults of scale-out mode (`--shard-leases`): those that strike a replica, and the
 /// foreign writes to a shard Lease the struck replica holds. Mixed timings have no
 /// counterpart: a replica group shares its timings through the chart.
-pub(super) const SHARD_FAULTS: [Fault; 12] = [
+pub(super) const SHARD_FAULTS: [Fault; 13] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
@@ -81,6 +84,7 @@ pub(super) const SHARD_FAULTS: [Fault; 12] = [
     Fault::LeaseClearHolder,
     Fault::LeaseRelabelKill,
     Fault::LeaseNameFormerHolder,
+    Fault::MemberLeaseDelete,
     Fault::ApiserverOverload,
     Fault::EtcdStall,
 ];
@@ -108,6 +112,7 @@ impl Fault {
             Fault::LeaseClearHolder => "lease_clear_holder",
             Fault::LeaseRelabelKill => "lease_relabel_kill",
             Fault::LeaseNameFormerHolder => "lease_name_former_holder",
+            Fault::MemberLeaseDelete => "member_lease_delete",
             Fault::MixedTimings => "mixed_timings",
             Fault::ApiserverOverload => "apiserver_overload",
             Fault::EtcdStall => "etcd_stall",
