@@ -91,6 +91,17 @@ pub async fn roll(
             .args(["--set", &format!("{key}={value}")]),
         None,
     )?;
+    rolled_out(client, (release, namespace), replicas, limit).await
+}
+
+/// Waits up to `limit` until the chart's Deployment of `release` in `namespace` has rolled
+/// out `replicas` updated, Ready replicas and no others.
+pub async fn rolled_out(
+    client: &Client,
+    (release, namespace): (&str, &str),
+    replicas: i32,
+    limit: Duration,
+) -> Result<()> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let name = format!("{release}-myresource-operator");
     poll("the rollout to complete", limit, || async {

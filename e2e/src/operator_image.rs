@@ -44,7 +44,14 @@ pub struct OperatorImage {
 
 /// Builds the static release binary and the image around it.
 pub fn build() -> Result<OperatorImage> {
-    let binary = static_binary()?;
+    build_from(&workspace_root())
+}
+
+/// [`build`] from the workspace at `source` (another checkout, such as an earlier
+/// release's, for a mixed-version rollout); it shares the build's target folder, so only
+/// the operator's own crate is compiled again.
+pub fn build_from(source: &std::path::Path) -> Result<OperatorImage> {
+    let binary = static_binary(source)?;
     let contents =
         std::fs::read(&binary).with_context(|| format!("reading {}", binary.display()))?;
     if asks_for_a_loader(&contents)? {
@@ -87,14 +94,15 @@ pub fn build() -> Result<OperatorImage> {
     })
 }
 
-/// `cargo build --release` of the operator, glibc linked statically.
-fn static_binary() -> Result<PathBuf> {
+/// `cargo build --release` of the operator in the workspace at `source`, glibc linked
+/// statically.
+fn static_binary(source: &std::path::Path) -> Result<PathBuf> {
     let target_dir = crate::binaries::user_cache()
         .join("myresource-operator-build")
         .join("image-target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .current_dir(workspace_root())
+        .current_dir(source)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env("CARGO_TARGET_DIR", &target_dir)
         .args([

@@ -4,18 +4,23 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use e2e::foreign_lease;
 use e2e::lease::{self, TEST_TIMINGS, Timings};
 use e2e::overload_proxy::{Overload, OverloadStats};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use myresource_operator::membership::member_lease;
+use myresource_operator::resource::{MyResource, MyResourceSpec};
+use myresource_operator::shardkey::ShardKey;
 use serde_json::{Value, json};
 
-use super::Chaos;
 use super::probe::Probes;
 use super::schedule::Fault;
+use super::{Chaos, NAMESPACE};
 
 /// The leader of a `mixed_timings` round: an older replica with longer timings.
 const LONG_TIMINGS: Timings = Timings::secs(12, 8, 2);
@@ -34,6 +39,12 @@ const READS_FAILING_FOR: Duration = Duration::from_secs(8);
 const RESET_EVERY: Duration = Duration::from_millis(250);
 /// How long the leader's API server is overloaded.
 const OVERLOAD_FOR: Duration = Duration::from_secs(8);
+/// How many creations `cross_shard_recreate` may take to land an object in a given set of
+/// shards (each try lands in it with a probability of at least 1/6).
+const CROSS_SHARD_TRIES: usize = 40;
+/// How long `cross_shard_recreate` freezes the struck replica: within the renew deadline
+/// (test timings 4 s / 3 s / 1 s), so that it still leads when it wakes.
+const CROSS_SHARD_FREEZE: Duration = Duration::from_millis(1500);
 /// How long `etcd_stall` holds etcd: past the renew deadline and the lease duration (test
 /// timings 4 s / 3 s / 1 s), so every fence closes while writes wait inside the API server.
 pub(super) const ETCD_STALL: Duration = Duration::from_secs(6);
@@ -86,6 +97,7 @@ impl Chaos {
             }
             Fault::LeaseDelete => foreign_lease::delete(&self.leases(), lease).await?,
             Fault::LeaseClearHolder => foreign_lease::set_holder(&self.leases(), lease, "").await?,
+            Fault::CrossShardRecreate => hit.details = self.cross_shard_recreate(leader).await?,
             Fault::MemberLeaseDelete => {
                 let member = member_lease(e2e::shards::GROUP, &hit.leader);
                 foreign_lease::delete(&self.leases(), &member).await?;
@@ -120,7 +132,10 @@ impl Chaos {
             | Fault::ContainerKill
             | Fault::PodFreeze
             | Fault::PodNetworkCut
-            | Fault::Rollout => bail!("{} needs a cluster: --in-cluster", fault.kind()),
+            | Fault::Rollout
+            | Fault::UpgradeMixedVersions => {
+                bail!("{} needs a cluster: --in-cluster", fault.kind())
+            }
         }
         Ok(hit)
     }
@@ -166,6 +181,78 @@ impl Chaos {
         tokio::time::sleep(Duration::from_secs(1)).await;
         foreign_lease::set_holder(&leases, name, &former).await?;
         Ok(current)
+    }
+
+    /// The `cross_shard_recreate` fault (scale-out, issue 30's hole 1): a new MyResource,
+    /// created until it falls in a shard the struck replica leads, converged; then changed
+    /// (its key queued in that shard) and the replica frozen at once; the object deleted and
+    /// created again by name until its new uid falls in a shard another replica leads and
+    /// the struck one caches as a standby; the replica woken within its renew deadline.
+    /// Before the fix its old shard's worker reconciled the new object, read from the
+    /// standby copy, through the old shard's fence while the new shard's leader did too.
+    /// Returns the object, its two shards and how many creations each took.
+    async fn cross_shard_recreate(&mut self, leader: usize) -> Result<Value> {
+        let shards = self
+            .shards
+            .context("cross_shard_recreate needs --shard-leases")?;
+        let key = ShardKey::new(shards);
+        let me = self.slots[leader].operator.config.identity.clone();
+        let group = e2e::shards::snapshot(&self.client, NAMESPACE, shards).await?;
+        let led = group.held_by(&me);
+        let standby: BTreeSet<usize> = group.warm.get(&me).cloned().unwrap_or_default();
+        let elsewhere: BTreeSet<usize> = (0..shards)
+            .filter(|s| !led.contains(s) && standby.contains(s) && !group.holders[*s].is_empty())
+            .collect();
+        if led.is_empty() || elsewhere.is_empty() {
+            bail!("{me} leads {led:?} and stands by for {standby:?}: nothing to move across");
+        }
+        let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let name = format!("cross-shard-{}", Timestamp::now().as_millisecond());
+        let recreate = |message: &'static str, within: BTreeSet<usize>| {
+            let (mrs, name) = (mrs.clone(), name.clone());
+            async move {
+                for tries in 1..=CROSS_SHARD_TRIES {
+                    let _ = mrs.delete(&name, &DeleteParams::default()).await;
+                    let spec = MyResourceSpec {
+                        message: message.into(),
+                        some_value: 0,
+                    };
+                    let mr = mrs
+                        .create(&PostParams::default(), &MyResource::new(&name, spec))
+                        .await?;
+                    let shard = key.shard_of_uid(&mr.uid().unwrap_or_default());
+                    if within.contains(&shard) {
+                        return Ok((shard, tries));
+                    }
+                }
+                bail!("{name}: no uid in shards {within:?} after {CROSS_SHARD_TRIES} creations")
+            }
+        };
+        let (from, first_tries) = recreate("before the move", led).await?;
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), NAMESPACE);
+        e2e::wait::poll("its ConfigMap", Duration::from_secs(20), || async {
+            Ok(cms.get_opt(&name).await?.map(drop))
+        })
+        .await?;
+        let change = json!({"spec": {"someValue": 1}});
+        mrs.patch(&name, &PatchParams::default(), &Patch::Merge(&change))
+            .await?;
+        let process = &self.slots[leader].operator.process;
+        process.signal(libc::SIGSTOP);
+        let frozen = std::time::Instant::now();
+        let moved = recreate("after the move", elsewhere).await;
+        // Woken well within its renew deadline: it still leads its shards.
+        tokio::time::sleep_until((frozen + CROSS_SHARD_FREEZE).into()).await;
+        self.slots[leader].operator.process.signal(libc::SIGCONT);
+        let (to, tries) = moved?;
+        Ok(json!({
+            "object": name,
+            "from_shard": from,
+            "to_shard": to,
+            "to_leader": group.holders[to],
+            "creations": first_tries + tries,
+            "frozen_seconds": frozen.elapsed().as_secs_f64(),
+        }))
     }
 
     /// The `leader_sigkill_reads_failing` fault: half the replicas' reads of the Lease fail

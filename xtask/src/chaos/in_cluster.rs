@@ -52,6 +52,15 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
     eprintln!("==> building the image, starting a local cluster with a node, installing the chart");
     let (mut cluster, image) = e2e::chart::cluster_with_image(out.join("cluster")).await?;
     let result = async {
+        // A mixed-version run starts on the earlier release's image.
+        let installed = match &args.upgrade_from {
+            None => image.reference.clone(),
+            Some(rev) => {
+                let old = earlier_image(root, rev, &out)?;
+                e2e::node::import_into(&cluster.dir.join(NODE_DIR), &old)?;
+                old.reference
+            }
+        };
         let client = cluster.client().await?;
         let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
         let timings = [
@@ -72,8 +81,9 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
             r"logging.level=info\,myresource_operator=debug".to_string(),
         ];
         let sets: Vec<&str> = timings.iter().flat_map(|t| ["--set", t.as_str()]).collect();
-        e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &image.reference, &sets)?;
+        e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &installed, &sets)?;
         let mut chaos = InCluster {
+            upgrade_to: args.upgrade_from.as_ref().map(|_| image.reference.clone()),
             pods: Api::namespaced(client.clone(), NAMESPACE),
             client,
             logs: LogCopy::new(&cluster, &out),
@@ -89,6 +99,8 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
 }
 
 struct InCluster {
+    /// A mixed-version run: the image its first round upgrades to.
+    upgrade_to: Option<String>,
     client: Client,
     pods: Api<Pod>,
     logs: LogCopy,
@@ -111,7 +123,10 @@ impl InCluster {
         let workload = Workload::start(self.client.clone(), args.seed);
         let mut faults = Vec::new();
         let mut counts = Counts::default();
-        let kinds = schedule(args.seed, args.rounds, &args.kinds()?);
+        let mut kinds = schedule(args.seed, args.rounds, &args.kinds()?);
+        if self.upgrade_to.is_some() {
+            kinds.insert(0, Fault::UpgradeMixedVersions);
+        }
         for (round, fault) in kinds.into_iter().enumerate() {
             let record = self
                 .round(cluster, round, fault, (&workload, &probes), &mut counts)
@@ -163,8 +178,12 @@ impl InCluster {
         let term = lease::acquire_time(&self.client, NAMESPACE)
             .await?
             .context("a Lease with an acquireTime")?;
-        let at = Timestamp::now();
+        let mut at = Timestamp::now();
         let details = self.inject(cluster, fault, round, &leader).await?;
+        // A fault that struck later than it began says when.
+        if let Some(struck) = details["struck_at"].as_str() {
+            at = struck.parse()?;
+        }
         // Every fault but the API server's restart (the leader keeps the Lease) ends the
         // term. After an API server restart the Pods reach it again only once kube-proxy has
         // re-programmed the Service's endpoint (measured: about 12 s after the restart): the
@@ -242,9 +261,84 @@ impl InCluster {
                 )
                 .await?;
             }
+            Fault::UpgradeMixedVersions => {
+                let image = self.upgrade_to.clone().context("no image to upgrade to")?;
+                self.upgrade_mixed(cluster, &image, &mut details).await?;
+            }
             other => bail!("{} is not a fault against Pods", other.kind()),
         }
         Ok(details)
+    }
+
+    /// The `upgrade_mixed_versions` fault: `helm upgrade` to `image`; once a new replica is
+    /// Ready while old ones still run, the leader's container (old or new) is SIGKILLed;
+    /// then the rollout completes. Records when and whom it struck in `details`.
+    async fn upgrade_mixed(
+        &mut self,
+        cluster: &Cluster,
+        image: &str,
+        details: &mut Value,
+    ) -> Result<()> {
+        let (_, tag) = image.rsplit_once(':').context("a tagged image")?;
+        let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
+        e2e::process::run(
+            helm.args(["upgrade", RELEASE])
+                .arg(e2e::operator::workspace_root().join("charts/myresource-operator"))
+                .args(["--namespace", NAMESPACE, "--reuse-values"])
+                .args(["--set", &format!("image.tag={tag}")]),
+            None,
+        )?;
+        let mixed = e2e::wait::poll("old and new replicas side by side", LIMIT, || async {
+            let (mut new, mut old) = (0, 0);
+            for pod in self
+                .pods
+                .list(&ListParams::default().labels(SELECTOR))
+                .await?
+            {
+                let status = pod.status.clone().unwrap_or_default();
+                let image = status
+                    .container_statuses
+                    .as_ref()
+                    .and_then(|c| c.first())
+                    .map(|c| c.image.clone())
+                    .unwrap_or_default();
+                let ready = status.container_statuses.iter().flatten().all(|c| c.ready);
+                if pod.metadata.deletion_timestamp.is_some() || !ready {
+                    continue;
+                }
+                if image.ends_with(tag) {
+                    new += 1
+                } else {
+                    old += 1
+                }
+            }
+            Ok((new >= 1 && old >= 1).then_some((old, new)))
+        })
+        .await?;
+        let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
+        let pod = self.pods.get(&leader).await?;
+        let leader_image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default();
+        let pid = e2e::node::pod_process(&leader, "/myresource-operator")?;
+        details["struck_at"] = Timestamp::now().to_string().into();
+        e2e::node::sigkill(pid)?;
+        *self
+            .expected_restarts
+            .entry(pod.uid().unwrap_or_default())
+            .or_default() += 1;
+        details["killed"] = leader.into();
+        details["killed_version"] = if leader_image.ends_with(tag) {
+            "new"
+        } else {
+            "old"
+        }
+        .into();
+        details["ready_old_and_new"] = json!([mixed.0, mixed.1]);
+        e2e::chart::rolled_out(&self.client, (RELEASE, NAMESPACE), 3, LIMIT).await
     }
 
     /// Waits for the next term (after `ended`, the struck leader's) or any holder, and for
@@ -500,4 +594,26 @@ impl LogCopy {
             .filter(|f| std::fs::read_to_string(f).is_ok_and(|t| t.contains("panicked at")))
             .count()
     }
+}
+
+/// The operator's image built from git revision `rev` of the repository at `root`, in a
+/// worktree under `out` removed again afterwards.
+fn earlier_image(root: &Path, rev: &str, out: &Path) -> Result<e2e::node::image::Image> {
+    let source = out.join("earlier-source");
+    let git =
+        |args: &[&str]| e2e::process::run(Command::new("git").arg("-C").arg(root).args(args), None);
+    git(&["worktree", "prune"])?;
+    git(&[
+        "worktree",
+        "add",
+        "--detach",
+        "--force",
+        &source.to_string_lossy(),
+        rev,
+    ])
+    .with_context(|| format!("checking out --upgrade-from {rev}"))?;
+    eprintln!("==> building the image of {rev}");
+    let built = e2e::operator_image::build_from(&source);
+    git(&["worktree", "remove", "--force", &source.to_string_lossy()])?;
+    Ok(built?.image)
 }

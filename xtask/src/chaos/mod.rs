@@ -86,6 +86,12 @@ pub struct ChaosArgs {
     /// `--faults leader_sigkill,lease_name_former_holder`.
     #[arg(long, value_delimiter = ',', value_name = "KIND,...")]
     pub faults: Vec<String>,
+    /// In a cluster: install the image built from git revision REV (an earlier release),
+    /// and make the first round a rolling `helm upgrade` to this tree's image, with the
+    /// leader's container SIGKILLed while old and new replicas share the Lease
+    /// (`upgrade_mixed_versions`); the other rounds follow on the new version.
+    #[arg(long, value_name = "REV", requires = "in_cluster")]
+    pub upgrade_from: Option<String>,
 }
 
 impl ChaosArgs {

@@ -23,6 +23,10 @@ pub(super) enum Fault {
     /// A foreign merge patch names a live former holder (the leader frozen until deposed,
     /// then woken) holder of the current term.
     LeaseNameFormerHolder,
+    /// Scale-out: a MyResource of a shard the struck replica leads changed (its key queued
+    /// there), the replica frozen, the object deleted and created again by name until it
+    /// falls in a shard another replica leads and the struck one caches, then woken.
+    CrossShardRecreate,
     /// Scale-out: the struck replica's member Lease deleted under it (`kubectl delete
     /// lease`); it must come back without a shard changing hands.
     MemberLeaseDelete,
@@ -50,6 +54,10 @@ pub(super) enum Fault {
     /// In a cluster: a rolling update of the Deployment (`helm upgrade` with a new Pod
     /// template) under the workload.
     Rollout,
+    /// In a cluster installed from an earlier release (`--upgrade-from`): `helm upgrade` to
+    /// this tree's image, the leader's container SIGKILLed once old and new replicas both
+    /// run, then the rollout completed.
+    UpgradeMixedVersions,
 }
 
 /// The faults against replicas run as processes.
@@ -73,7 +81,7 @@ pub(super) const FAULTS: [Fault; 14] = [
 /// The faults of scale-out mode (`--shard-leases`): those that strike a replica, and the
 /// foreign writes to a shard Lease the struck replica holds. Mixed timings have no
 /// counterpart: a replica group shares its timings through the chart.
-pub(super) const SHARD_FAULTS: [Fault; 13] = [
+pub(super) const SHARD_FAULTS: [Fault; 14] = [
     Fault::LeaderKill,
     Fault::LeaderTerm,
     Fault::LeaderFreeze,
@@ -85,6 +93,7 @@ pub(super) const SHARD_FAULTS: [Fault; 13] = [
     Fault::LeaseRelabelKill,
     Fault::LeaseNameFormerHolder,
     Fault::MemberLeaseDelete,
+    Fault::CrossShardRecreate,
     Fault::ApiserverOverload,
     Fault::EtcdStall,
 ];
@@ -113,6 +122,7 @@ impl Fault {
             Fault::LeaseRelabelKill => "lease_relabel_kill",
             Fault::LeaseNameFormerHolder => "lease_name_former_holder",
             Fault::MemberLeaseDelete => "member_lease_delete",
+            Fault::CrossShardRecreate => "cross_shard_recreate",
             Fault::MixedTimings => "mixed_timings",
             Fault::ApiserverOverload => "apiserver_overload",
             Fault::EtcdStall => "etcd_stall",
@@ -122,6 +132,7 @@ impl Fault {
             Fault::PodFreeze => "pod_freeze",
             Fault::PodNetworkCut => "pod_network_cut",
             Fault::Rollout => "rollout",
+            Fault::UpgradeMixedVersions => "upgrade_mixed_versions",
         }
     }
 

@@ -95,9 +95,11 @@ impl Bench {
                         pass,
                         binaries,
                         &mut audit,
-                        n,
-                        latency_objects,
-                        failover_runs,
+                        Sizes {
+                            n,
+                            latency_objects,
+                            failover_runs,
+                        },
                     )
                     .await
                     .with_context(|| format!("measuring {} (pass {pass})", peer.title()))?;
@@ -144,10 +146,13 @@ impl Bench {
         pass: usize,
         binaries: &PeerBinaries,
         audit: &mut Audit,
-        n: usize,
-        latency_objects: usize,
-        failover_runs: usize,
+        sizes: Sizes,
     ) -> Result<Value> {
+        let Sizes {
+            n,
+            latency_objects,
+            failover_runs,
+        } = sizes;
         // Namespaces and identities of their own per pass: replica logs are read by identity.
         let key = &format!("{}-{pass}", peer.key());
         eprintln!("==> {} (pass {pass})", peer.title());
@@ -504,4 +509,13 @@ async fn wait_ready(mrs: &Api<MyResource>, n: usize, replica: &mut Replica) -> R
         }
     }
     anyhow::bail!("fewer than {n} MyResources Ready after 900 s")
+}
+
+/// How much one peer's measurement does: objects for the cold start, objects created one
+/// at a time for the idle latency, failovers.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    n: usize,
+    latency_objects: usize,
+    failover_runs: usize,
 }
