@@ -450,6 +450,12 @@ async fn delete_stale(
     uid: &str,
     owner: &str,
 ) -> Result<bool, Error> {
+    if !owns(ctx.shard, owner) {
+        // Its owner's shard's object: only that shard's leader could write it, and no key
+        // routes there any more; garbage collection removes it, then ours is created.
+        debug!(myresource = %key, owner, "the ConfigMap left by an earlier MyResource is another shard's: left to garbage collection");
+        return Ok(false);
+    }
     let mrs: Api<MyResource> = Api::namespaced(ctx.client.clone(), &key.namespace);
     if !stale_proven(mrs.get_opt(&key.name).await?.as_ref(), owner) {
         debug!(myresource = %key, owner, "the ConfigMap's owner may be the current MyResource: not deleting it");
@@ -482,7 +488,13 @@ fn stale_proven(current: Option<&MyResource>, owner: &str) -> bool {
 
 /// Whether `mr` belongs to the shard of a scale-out context (always, outside scale-out).
 fn in_shard(shard: Option<(ShardKey, usize)>, mr: &MyResource) -> bool {
-    shard.is_none_or(|(key, index)| mr.uid().is_some_and(|uid| key.shard_of_uid(&uid) == index))
+    mr.uid().is_some_and(|uid| owns(shard, &uid)) || shard.is_none()
+}
+
+/// Whether the objects of the MyResource `uid` (itself, the ConfigMaps it controls, the
+/// Events about it) belong to the shard of a scale-out context (always, outside scale-out).
+fn owns(shard: Option<(ShardKey, usize)>, uid: &str) -> bool {
+    shard.is_none_or(|(key, index)| key.shard_of_uid(uid) == index)
 }
 
 /// Server-side applies the desired ConfigMap over `existing`, with its resourceVersion as a
@@ -557,6 +569,17 @@ mod tests {
         let mut no_uid = mr();
         no_uid.metadata.uid = None;
         assert!(!in_shard(Some((key, mine)), &no_uid));
+        assert!(in_shard(None, &no_uid));
+        // A ConfigMap left by an earlier MyResource of the name is its owner's shard's: the
+        // chaos fault cross_shard_recreate saw the new owner's leader delete it while that
+        // shard's leader held it (2 writes in 12 rounds); garbage collection removes it.
+        let earlier = (0..)
+            .map(|i| format!("uid-earlier-{i}"))
+            .find(|u| key.shard_of_uid(u) != mine)
+            .unwrap();
+        assert!(!owns(Some((key, mine)), &earlier));
+        assert!(owns(Some((key, key.shard_of_uid(&earlier))), &earlier));
+        assert!(owns(None, &earlier));
     }
 
     #[test]
