@@ -266,12 +266,18 @@ fn test(cargo_args: &[String]) -> Result<()> {
     if status.success() && !use_existing {
         // Every run exercises failover: a short seeded chaos run (each fault kind once),
         // against processes, against processes in scale-out mode, and against the chart's
-        // Pods on a node.
+        // Pods on a node, installed from the earlier release and upgraded first.
         let rounds = chaos::ROUNDS_COVERING_EVERY_KIND.map(|n| n.to_string());
         let runs = [
             vec!["--rounds", &rounds[0]],
             vec!["--shard-leases", "6", "--rounds", &rounds[1]],
-            vec!["--in-cluster", "--rounds", &rounds[2]],
+            vec![
+                "--in-cluster",
+                "--rounds",
+                &rounds[2],
+                "--upgrade-from",
+                chaos::EARLIER_RELEASE,
+            ],
         ];
         for extra in runs {
             let chaos = Command::new(std::env::current_exe()?)

@@ -62,6 +62,11 @@ pub const ROUNDS_COVERING_EVERY_KIND: [usize; 3] = [
     schedule::POD_FAULTS.len(),
 ];
 
+/// The release `cargo xtask test` upgrades from in its mixed-version round: the last
+/// commit whose Lease record names no process instance (issue 30 changed what the record
+/// means).
+pub const EARLIER_RELEASE: &str = "f748a28";
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChaosArgs {
     /// Rounds, one fault each.
