@@ -133,6 +133,7 @@ impl Chaos {
             | Fault::PodFreeze
             | Fault::PodNetworkCut
             | Fault::Rollout
+            | Fault::SlowNetworkContainerKill
             | Fault::UpgradeMixedVersions => {
                 bail!("{} needs a cluster: --in-cluster", fault.kind())
             }

@@ -243,6 +243,20 @@ impl InCluster {
                 cut.heal()?;
                 details["cut_seconds"] = PAST_THE_LEASE.as_secs_f64().into();
             }
+            Fault::SlowNetworkContainerKill => {
+                let uid = self.pods.get(leader).await?.uid().unwrap_or_default();
+                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
+                // The Pod's network namespace outlives the container: the restarted one
+                // would inherit the throttle, so it is lifted after the kill.
+                let slow = SlowEgress::apply(pid)?;
+                tokio::time::sleep(SLOW_BEFORE_KILL).await;
+                details["struck_at"] = Timestamp::now().to_string().into();
+                e2e::node::sigkill(pid)?;
+                *self.expected_restarts.entry(uid).or_default() += 1;
+                tokio::time::sleep(SLOW_AFTER_KILL).await;
+                slow.lift()?;
+                details["egress"] = SLOW_EGRESS.join(" ").into();
+            }
             Fault::ApiserverRestart => {
                 let started = Instant::now();
                 cluster.restart("kube-apiserver").await?;
@@ -502,6 +516,61 @@ impl Freezer {
 
 /// Every packet into or out of a Pod's network namespace dropped, loopback aside: a
 /// partition as the Pod sees it (connections hang, nothing is refused).
+/// The `slow_network_container_sigkill` fault's throttle on the leader Pod's egress: a token
+/// bucket that queues up to 2.5 s of packets (this kernel has no netem to delay them
+/// outright; a queue that long holds back every request sent meanwhile as a delay would).
+const SLOW_EGRESS: [&str; 7] = [
+    "tbf", "rate", "16kbit", "burst", "1600", "latency", "2500ms",
+];
+/// How long the leader runs throttled before its container is SIGKILLed, and how long the
+/// throttle stays on after.
+const SLOW_BEFORE_KILL: Duration = Duration::from_millis(1500);
+const SLOW_AFTER_KILL: Duration = Duration::from_secs(3);
+
+/// A queueing throttle on the egress of the network namespace of process `pid`, which it
+/// names (`ip netns attach`) so that it can be lifted after that process died.
+struct SlowEgress;
+
+/// The name the throttled network namespace is given while throttled.
+const SLOW_NETNS: &str = "chaos-slow-egress";
+
+impl SlowEgress {
+    fn apply(pid: u32) -> Result<SlowEgress> {
+        let _ = e2e::process::run(
+            Command::new("ip").args(["netns", "delete", SLOW_NETNS]),
+            None,
+        );
+        e2e::process::run(
+            Command::new("ip").args(["netns", "attach", SLOW_NETNS, &pid.to_string()]),
+            None,
+        )?;
+        let slow = SlowEgress;
+        slow.tc(&["qdisc", "add", "dev", "eth0", "root"], &SLOW_EGRESS)?;
+        Ok(slow)
+    }
+
+    fn lift(self) -> Result<()> {
+        self.tc(&["qdisc", "del", "dev", "eth0", "root"], &[])?;
+        // Only the name goes: the Pod's sandbox keeps the namespace.
+        e2e::process::run(
+            Command::new("ip").args(["netns", "delete", SLOW_NETNS]),
+            None,
+        )?;
+        Ok(())
+    }
+
+    fn tc(&self, args: &[&str], qdisc: &[&str]) -> Result<()> {
+        e2e::process::run(
+            Command::new("ip")
+                .args(["netns", "exec", SLOW_NETNS, "tc"])
+                .args(args)
+                .args(qdisc),
+            None,
+        )?;
+        Ok(())
+    }
+}
+
 struct NetworkCut {
     pid: u32,
 }

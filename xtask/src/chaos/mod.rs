@@ -109,7 +109,12 @@ impl ChaosArgs {
         } else {
             &schedule::FAULTS
         };
-        schedule::pick(all, &self.faults)
+        let limits: &[Fault] = if self.in_cluster {
+            &schedule::POD_LIMIT_FAULTS
+        } else {
+            &[]
+        };
+        schedule::pick(all, limits, &self.faults)
     }
 }
 

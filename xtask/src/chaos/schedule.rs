@@ -54,6 +54,10 @@ pub(super) enum Fault {
     /// In a cluster: a rolling update of the Deployment (`helm upgrade` with a new Pod
     /// template) under the workload.
     Rollout,
+    /// In a cluster: the leader Pod's egress throttled (requests queue up to 2.5 s), then
+    /// its container SIGKILLed with requests still queued. Beyond the promise: requests a
+    /// network holds past the crash-proof takeover may take effect in the new term.
+    SlowNetworkContainerKill,
     /// In a cluster installed from an earlier release (`--upgrade-from`): `helm upgrade` to
     /// this tree's image, the leader's container SIGKILLed once old and new replicas both
     /// run, then the rollout completed.
@@ -108,6 +112,10 @@ pub(super) const POD_FAULTS: [Fault; 6] = [
     Fault::Rollout,
 ];
 
+/// Faults beyond what is promised, run only when named (`--faults`): they show a limit
+/// the README states, and fail the checks by design.
+pub(super) const POD_LIMIT_FAULTS: [Fault; 1] = [Fault::SlowNetworkContainerKill];
+
 impl Fault {
     pub(super) fn kind(self) -> &'static str {
         match self {
@@ -132,6 +140,7 @@ impl Fault {
             Fault::PodFreeze => "pod_freeze",
             Fault::PodNetworkCut => "pod_network_cut",
             Fault::Rollout => "rollout",
+            Fault::SlowNetworkContainerKill => "slow_network_container_sigkill",
             Fault::UpgradeMixedVersions => "upgrade_mixed_versions",
         }
     }
@@ -165,24 +174,23 @@ pub(super) fn goal_of(kind: &str) -> Option<Duration> {
         .and_then(|f| f.new_leader_goal())
 }
 
-/// The kinds of `all` named in `only`, or all of them when it is empty; a name that is
-/// not one of them is an error that lists them.
-pub(super) fn pick(all: &[Fault], only: &[String]) -> anyhow::Result<Vec<Fault>> {
+/// The kinds of `all` and `limits` named in `only`, or all of `all` when it is empty
+/// (`limits` run only when named); a name that is not one of them is an error that lists
+/// them.
+pub(super) fn pick(all: &[Fault], limits: &[Fault], only: &[String]) -> anyhow::Result<Vec<Fault>> {
     if only.is_empty() {
         return Ok(all.to_vec());
     }
+    let known = || all.iter().chain(limits).copied();
     only.iter()
         .map(|name| {
-            all.iter()
-                .copied()
-                .find(|f| f.kind() == name)
-                .ok_or_else(|| {
-                    let kinds: Vec<&str> = all.iter().map(|f| f.kind()).collect();
-                    anyhow::anyhow!(
-                        "--faults: no fault kind {name:?} in this mode; its kinds: {}",
-                        kinds.join(", ")
-                    )
-                })
+            known().find(|f| f.kind() == name).ok_or_else(|| {
+                let kinds: Vec<&str> = known().map(|f| f.kind()).collect();
+                anyhow::anyhow!(
+                    "--faults: no fault kind {name:?} in this mode; its kinds: {}",
+                    kinds.join(", ")
+                )
+            })
         })
         .collect()
 }
@@ -225,16 +233,30 @@ mod tests {
 
     #[test]
     fn faults_are_picked_by_kind_and_an_unknown_kind_is_refused() {
-        assert_eq!(pick(&FAULTS, &[]).unwrap(), FAULTS.to_vec());
+        assert_eq!(pick(&FAULTS, &[], &[]).unwrap(), FAULTS.to_vec());
         let only = ["etcd_stall".to_string(), "leader_sigkill".to_string()];
         assert_eq!(
-            pick(&FAULTS, &only).unwrap(),
+            pick(&FAULTS, &[], &only).unwrap(),
             [Fault::EtcdStall, Fault::LeaderKill]
         );
-        let err = pick(&POD_FAULTS, &only).unwrap_err().to_string();
+        let err = pick(&POD_FAULTS, &POD_LIMIT_FAULTS, &only)
+            .unwrap_err()
+            .to_string();
         assert!(
-            err.contains("\"etcd_stall\"") && err.contains("pod_delete"),
+            err.contains("\"etcd_stall\"")
+                && err.contains("pod_delete")
+                && err.contains("slow_network_container_sigkill"),
             "{err}"
+        );
+        // A limit runs only when named.
+        assert_eq!(
+            pick(&POD_FAULTS, &POD_LIMIT_FAULTS, &[]).unwrap(),
+            POD_FAULTS.to_vec()
+        );
+        let slow = ["slow_network_container_sigkill".to_string()];
+        assert_eq!(
+            pick(&POD_FAULTS, &POD_LIMIT_FAULTS, &slow).unwrap(),
+            [Fault::SlowNetworkContainerKill]
         );
     }
 
