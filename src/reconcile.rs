@@ -450,14 +450,8 @@ async fn delete_stale(
     uid: &str,
     owner: &str,
 ) -> Result<bool, Error> {
-    if !owns(ctx.shard, owner) {
-        // Its owner's shard's object: only that shard's leader could write it, and no key
-        // routes there any more; garbage collection removes it, then ours is created.
-        debug!(myresource = %key, owner, "the ConfigMap left by an earlier MyResource is another shard's: left to garbage collection");
-        return Ok(false);
-    }
     let mrs: Api<MyResource> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    if !stale_proven(mrs.get_opt(&key.name).await?.as_ref(), owner) {
+    if !stale_proven(mrs.get_opt(&key.name).await?.as_ref(), owner, ctx.shard) {
         debug!(myresource = %key, owner, "the ConfigMap's owner may be the current MyResource: not deleting it");
         return Ok(false);
     }
@@ -479,11 +473,21 @@ async fn delete_stale(
 }
 
 /// Whether `current`, the MyResource of a ConfigMap's name as the API server has it now,
-/// proves that ConfigMap's controller `owner` gone: it exists under another uid. (When it
-/// is `owner`, our cache lagged; when it does not exist, garbage collection removes the
-/// ConfigMap and there is nothing to replace it for.)
-fn stale_proven(current: Option<&MyResource>, owner: &str) -> bool {
-    current.is_some_and(|mr| mr.uid().is_some_and(|uid| uid != owner))
+/// proves that ConfigMap's controller `owner` gone *and* makes the name this shard's to
+/// clean up: it exists under another uid, of this shard. (When it is `owner`, our cache
+/// lagged; when it does not exist, garbage collection removes the ConfigMap and there is
+/// nothing to replace it for; when it is another shard's, the name was deleted and created
+/// again since the object we reconcile was read, and that shard's leader replaces the
+/// ConfigMap.)
+fn stale_proven(
+    current: Option<&MyResource>,
+    owner: &str,
+    shard: Option<(ShardKey, usize)>,
+) -> bool {
+    current.is_some_and(|mr| {
+        mr.uid()
+            .is_some_and(|uid| uid != owner && owns(shard, &uid))
+    })
 }
 
 /// Whether `mr` belongs to the shard of a scale-out context (always, outside scale-out).
@@ -570,16 +574,30 @@ mod tests {
         no_uid.metadata.uid = None;
         assert!(!in_shard(Some((key, mine)), &no_uid));
         assert!(in_shard(None, &no_uid));
-        // A ConfigMap left by an earlier MyResource of the name is its owner's shard's: the
-        // chaos fault cross_shard_recreate saw the new owner's leader delete it while that
-        // shard's leader held it (2 writes in 12 rounds); garbage collection removes it.
-        let earlier = (0..)
-            .map(|i| format!("uid-earlier-{i}"))
+        // A ConfigMap left by an earlier MyResource of the name is removed only by the
+        // leader of the shard the name belongs to now: the chaos fault cross_shard_recreate
+        // saw a leader whose object had meanwhile been deleted and created again elsewhere
+        // remove it during that shard's term (2 writes in 12 rounds).
+        let other = (0..)
+            .map(|i| format!("uid-other-{i}"))
             .find(|u| key.shard_of_uid(u) != mine)
             .unwrap();
-        assert!(!owns(Some((key, mine)), &earlier));
-        assert!(owns(Some((key, key.shard_of_uid(&earlier))), &earlier));
-        assert!(owns(None, &earlier));
+        let named = |uid: &str| {
+            let mut m = mr();
+            m.metadata.uid = Some(uid.into());
+            m
+        };
+        assert!(stale_proven(
+            Some(&named("uid-1")),
+            "uid-0",
+            Some((key, mine))
+        ));
+        assert!(!stale_proven(
+            Some(&named(&other)),
+            "uid-0",
+            Some((key, mine))
+        ));
+        assert!(stale_proven(Some(&named(&other)), "uid-0", None));
     }
 
     #[test]
@@ -648,12 +666,15 @@ mod tests {
             mr.metadata.uid = Some(uid.into());
             mr
         };
-        assert!(stale_proven(Some(&named("uid-1")), "uid-0"));
+        assert!(stale_proven(Some(&named("uid-1")), "uid-0", None));
         assert!(
-            !stale_proven(Some(&named("uid-0")), "uid-0"),
+            !stale_proven(Some(&named("uid-0")), "uid-0", None),
             "the current MyResource's: our cache lagged"
         );
-        assert!(!stale_proven(None, "uid-0"), "gone: garbage collection's");
+        assert!(
+            !stale_proven(None, "uid-0", None),
+            "gone: garbage collection's"
+        );
 
         let mut unowned = desired.clone();
         unowned.metadata.owner_references = None;

@@ -48,8 +48,7 @@ pub fn build() -> Result<OperatorImage> {
 }
 
 /// [`build`] from the workspace at `source` (another checkout, such as an earlier
-/// release's, for a mixed-version rollout); it shares the build's target folder, so only
-/// the operator's own crate is compiled again.
+/// release's, for a mixed-version rollout), in a target folder of its own.
 pub fn build_from(source: &std::path::Path) -> Result<OperatorImage> {
     let binary = static_binary(source)?;
     let contents =
@@ -97,9 +96,17 @@ pub fn build_from(source: &std::path::Path) -> Result<OperatorImage> {
 /// `cargo build --release` of the operator in the workspace at `source`, glibc linked
 /// statically.
 fn static_binary(source: &std::path::Path) -> Result<PathBuf> {
+    // Another checkout gets a folder of its own: cargo names the artifacts of a workspace
+    // member alike wherever it is checked out, so two checkouts building into one folder
+    // overwrite each other's binary, and one may then take the other's as fresh.
+    let folder = if source == workspace_root() {
+        "image-target"
+    } else {
+        "image-target-other-checkout"
+    };
     let target_dir = crate::binaries::user_cache()
         .join("myresource-operator-build")
-        .join("image-target");
+        .join(folder);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(source)
