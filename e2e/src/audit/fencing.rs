@@ -9,7 +9,11 @@
 //! gets a new uid, maybe in another shard): a MyResource's own uid, a ConfigMap's controller
 //! owner, an Event's `regarding`; a delete of a ConfigMap is about the MyResource that had
 //! the name when the delete took effect (the reconcile that deleted it), or failing that,
-//! the deleted ConfigMap's owner.
+//! the deleted ConfigMap's owner. One write is about no live object: a delete of a
+//! ConfigMap whose controller owner had lost the name (deleted and created again under
+//! another uid) when it took effect removes an orphan, as garbage collection would, and
+//! cannot undo any leader's work (the operator deletes by the ConfigMap's uid); such
+//! deletes are counted, not judged. A delete of the live owner's ConfigMap is judged.
 //!
 //! The check refuses to pass on nothing: it reports how many writes and terms it examined
 //! (callers assert a floor), lists writes it could not attribute to a shard, requests whose
@@ -158,6 +162,8 @@ pub struct Verdict<'a> {
     pub late: Vec<Late<'a>>,
     /// Scale-out: writes whose object (owner uid) could not be found.
     pub unattributed: Vec<&'a AuditEvent>,
+    /// Scale-out: deletes of orphaned ConfigMaps (see the module doc), not judged.
+    pub orphans_removed: usize,
     /// Requests whose user agent claims the operator but names no replica.
     pub unparsed: Vec<&'a AuditEvent>,
     /// Writes (other than to a Lease) by a replica that made no request to any Lease.
@@ -373,6 +379,10 @@ pub fn check<'a>(events: &'a [AuditEvent], fences: &Fences) -> Verdict<'a> {
         let (shard, fence) = match fences {
             Fences::Lease { .. } => (None, &verdict.terms[0]),
             Fences::Shards { key, .. } => {
+                if removes_orphan(e, dated, &known) {
+                    verdict.orphans_removed += 1;
+                    continue;
+                }
                 let Some(uid) = owner_uid(e, dated, &known) else {
                     verdict.unattributed.push(e);
                     continue;
@@ -413,26 +423,35 @@ struct Known<'k, 'a> {
     subjects: &'k BTreeMap<(&'a str, &'a str), &'a str>,
 }
 
+/// The ConfigMap a delete removed, named by the answer or the precondition.
+fn deleted_uid(e: &AuditEvent) -> Option<&str> {
+    e.response_object
+        .as_ref()
+        .and_then(|b| b["details"]["uid"].as_str())
+        .or_else(|| e.request_object.as_ref()?["preconditions"]["uid"].as_str())
+}
+
+/// Whether `e` deleted a ConfigMap whose controller owner no longer had its name when the
+/// delete took effect (see the module's doc).
+fn removes_orphan(e: &AuditEvent, dated: &Dated, known: &Known<'_, '_>) -> bool {
+    e.resource() == "configmaps"
+        && e.verb == "delete"
+        && deleted_uid(e)
+            .and_then(|cm| known.owners.get(cm))
+            .zip(known.names.uid_at(e.namespace(), e.name(), dated))
+            .is_some_and(|(owner, current)| *owner != current)
+}
+
 /// The uid of the MyResource a write is about (see the module's doc).
 fn owner_uid<'a>(e: &'a AuditEvent, dated: &Dated, known: &Known<'_, 'a>) -> Option<&'a str> {
     let from_body = |read: fn(&Value) -> Option<&str>| bodies(e).find_map(read);
     match e.resource() {
         "myresources" => from_body(|b| b["metadata"]["uid"].as_str())
             .or_else(|| known.names.uid_at(e.namespace(), e.name(), dated)),
-        "configmaps" if e.verb == "delete" => {
-            known
-                .names
-                .uid_at(e.namespace(), e.name(), dated)
-                .or_else(|| {
-                    // The deleted ConfigMap, named by the answer or the precondition.
-                    let deleted = e
-                        .response_object
-                        .as_ref()
-                        .and_then(|b| b["details"]["uid"].as_str())
-                        .or_else(|| e.request_object.as_ref()?["preconditions"]["uid"].as_str())?;
-                    known.owners.get(deleted).copied()
-                })
-        }
+        "configmaps" if e.verb == "delete" => known
+            .names
+            .uid_at(e.namespace(), e.name(), dated)
+            .or_else(|| known.owners.get(deleted_uid(e)?).copied()),
         "configmaps" => from_body(controller_uid),
         // A series patch that got no answer names nothing: its create did.
         "events" => from_body(event_subject)
@@ -686,5 +705,57 @@ mod tests {
             ]
         );
         assert_eq!(verdict.unattributed.len(), 1);
+    }
+
+    /// A delete of a ConfigMap whose owner lost its name (deleted and created again) is an
+    /// orphan's removal, not judged; a delete of the live owner's ConfigMap is (the
+    /// destructive variant of the safety review's hole 1).
+    #[test]
+    fn deleting_an_orphaned_configmap_is_counted_not_judged() {
+        let (u0, u1) = (uid_in(0, ""), uid_in(1, ""));
+        let u0b = uid_in(0, &u0);
+        let created = |uid: &str, at: (f64, f64), rv: u64| {
+            let mut e = write("kubectl", "create", "myresources", "foo", at, 201, Some(rv));
+            e.response_object.as_mut().unwrap()["metadata"]["uid"] = uid.into();
+            e
+        };
+        let configmap = |id: &str, uid: &str, owner: &str, at: (f64, f64), rv: u64| {
+            let mut e = write(&ua(id), "create", "configmaps", "foo", at, 201, Some(rv));
+            let body = e.response_object.as_mut().unwrap();
+            body["metadata"]["uid"] = uid.into();
+            body["metadata"]["ownerReferences"] = json!([{"uid": owner, "controller": true}]);
+            e
+        };
+        let delete = |id: &str, cm: &str, at: (f64, f64)| {
+            let mut e = write(&ua(id), "delete", "configmaps", "foo", at, 200, None);
+            e.response_object = Some(json!({"kind": "Status", "details": {"uid": cm}}));
+            e
+        };
+        let events = vec![
+            shard_write("x", 0, (0.0, 0.1), 10),
+            shard_write("y", 1, (0.0, 0.1), 11),
+            created(&u1, (1.0, 1.1), 12),
+            configmap("y", "cm1", &u1, (1.5, 1.6), 13),
+            // foo deleted and created again in x's shard: y's ConfigMap is an orphan, and
+            // y removes it: not judged.
+            created(&u0, (2.0, 2.1), 14),
+            delete("y", "cm1", (3.0, 3.1)),
+            configmap("x", "cm0", &u0, (4.0, 4.1), 15),
+            // foo created again, still x's shard: y deletes the live owner's ConfigMap of
+            // the previous one? No: cm0's owner u0 lost the name to u0b, so an orphan too.
+            created(&u0b, (5.0, 5.1), 16),
+            delete("y", "cm0", (6.0, 6.1)),
+            configmap("x", "cm0b", &u0b, (7.0, 7.1), 17),
+            // y deletes the live owner's ConfigMap: judged, late (shard 0 is x's).
+            delete("y", "cm0b", (8.0, 8.1)),
+        ];
+        let verdict = check(&events, &Fences::shards("ns", "g", 2));
+        assert_eq!(verdict.orphans_removed, 2);
+        let late: Vec<(&str, Option<usize>)> = verdict
+            .late
+            .iter()
+            .map(|l| (l.write.verb.as_str(), l.shard))
+            .collect();
+        assert_eq!(late, [("delete", Some(0))]);
     }
 }
