@@ -14,7 +14,7 @@ use kube::{Api, Client, ResourceExt};
 use myresource_operator::resource::{MyResource, POD_LABEL, PodCounts};
 use serde_json::Value;
 
-use super::schedule::goal_of;
+use super::schedule::{Fault, goal_of};
 use super::{Chaos, NAMESPACE};
 
 /// What the rounds counted as they went, and the panics found at the end.
@@ -260,8 +260,16 @@ pub(super) fn fencing(
 /// ran ([`MIN_OPERATIONS_PER_ROUND`] successful operations at least).
 pub(super) fn judge_goals(faults: &mut [Value]) {
     for fault in faults.iter_mut() {
-        let goal = goal_of(fault["kind"].as_str().unwrap_or_default());
-        let new_leader = fault["new_leader_seconds"].as_f64();
+        let kind = fault["kind"].as_str().unwrap_or_default();
+        let goal = goal_of(kind);
+        // After a container SIGKILL the new term may be the restarted container's, in the
+        // same Pod (same identity: no new leader by name); the change handled then counts.
+        let restarted_in_place = kind == Fault::ContainerKill.kind();
+        let new_leader = fault["new_leader_seconds"].as_f64().or_else(|| {
+            restarted_in_place
+                .then(|| fault["failover_seconds"].as_f64())
+                .flatten()
+        });
         let in_time = match goal {
             None => true,
             Some(goal) => new_leader.is_some_and(|s| s <= goal.as_secs_f64()),

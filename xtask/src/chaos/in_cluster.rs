@@ -190,7 +190,15 @@ impl InCluster {
         // failover includes that.
         let moved = (fault != Fault::ApiserverRestart).then_some(term.as_str());
         let (failover, new_leader) = self.recover(probes, at, moved).await?;
-        let single = self.single_leader().await;
+        // After an API server restart the Pods reach it again only once kube-proxy has
+        // re-programmed the Service (about 12 s), and a change handled before the server
+        // went down can end the failover early: give leadership that long to settle.
+        let settle_within = if fault == Fault::ApiserverRestart {
+            Duration::from_secs(40)
+        } else {
+            Duration::from_secs(10)
+        };
+        let single = self.single_leader(settle_within).await;
         let lost = settle(&self.client, single, workload, counts).await?;
         self.logs.copy();
         let round = Round {
@@ -374,13 +382,11 @@ impl InCluster {
         Ok((failover, leader))
     }
 
-    /// Whether exactly one live Pod reports leadership on /metrics within 10 s.
-    async fn single_leader(&self) -> bool {
-        let single = e2e::wait::poll(
-            "exactly one Pod reporting leadership",
-            Duration::from_secs(10),
-            || async { Ok((self.reporting_leaders().await?.len() == 1).then_some(())) },
-        )
+    /// Whether exactly one live Pod reports leadership on /metrics within `within`.
+    async fn single_leader(&self, within: Duration) -> bool {
+        let single = e2e::wait::poll("exactly one Pod reporting leadership", within, || async {
+            Ok((self.reporting_leaders().await?.len() == 1).then_some(()))
+        })
         .await
         .is_ok();
         if !single {
