@@ -108,38 +108,31 @@ impl Recent {
                 .retain(|_, s| now.saturating_duration_since(s.last) < SERIES_WINDOW);
             self.next_sweep = now + SWEEP_EVERY;
         }
-        match self.seen.get_mut(&key) {
-            Some(s) if now.saturating_duration_since(s.last) < SERIES_WINDOW => {
-                if let Some(resource_version) = s.resource_version.take() {
-                    s.count += 1;
-                    s.last = now;
-                    return Decision::Series {
-                        name: s.name.clone(),
-                        count: s.count,
-                        resource_version,
-                    };
-                }
-                // Its last write's outcome is unknown: a new Event, as no condition can be
-                // put on a patch of this one.
-                *s = Seen {
-                    name: fresh_name.to_string(),
-                    count: 1,
-                    last: now,
-                    resource_version: None,
-                };
-                Decision::Create
-            }
-            _ => {
-                let seen = Seen {
-                    name: fresh_name.to_string(),
-                    count: 1,
-                    last: now,
-                    resource_version: None,
-                };
-                self.seen.insert(key, seen);
-                Decision::Create
-            }
+        // A repeat within the window joins the series, on condition that its Event is as our
+        // last write left it; while that write's outcome is unknown no condition can be put
+        // on a patch, so a new Event starts, as after the window.
+        if let Some(s) = self
+            .seen
+            .get_mut(&key)
+            .filter(|s| now.saturating_duration_since(s.last) < SERIES_WINDOW)
+            && let Some(resource_version) = s.resource_version.take()
+        {
+            s.count += 1;
+            s.last = now;
+            return Decision::Series {
+                name: s.name.clone(),
+                count: s.count,
+                resource_version,
+            };
         }
+        let seen = Seen {
+            name: fresh_name.to_string(),
+            count: 1,
+            last: now,
+            resource_version: None,
+        };
+        self.seen.insert(key, seen);
+        Decision::Create
     }
 
     /// Records that this replica's write of the Event `name` for `key` left it at

@@ -75,8 +75,13 @@ pub fn member_lease(group: &str, identity: &str) -> String {
             }
         })
         .collect();
-    let name = format!("{group}-member-{}", name.trim_matches(['-', '.']));
+    let name = format!("{}{}", member_prefix(group), name.trim_matches(['-', '.']));
     name.chars().take(253).collect()
+}
+
+/// What the name of every member Lease of group `group` starts with.
+fn member_prefix(group: &str) -> String {
+    format!("{group}-member-")
 }
 
 /// The labels of every Lease of group `group`.
@@ -182,7 +187,7 @@ impl Group {
         now: Instant,
         pods: &Pods,
     ) -> (View, BTreeMap<String, BTreeSet<usize>>) {
-        let prefix = format!("{group}-member-");
+        let prefix = member_prefix(group);
         let mut members = BTreeSet::new();
         let mut warm = BTreeMap::new();
         for (name, seen) in &self.leases {
@@ -220,7 +225,7 @@ impl Group {
     /// The member Leases of departed members (no holder) unchanged for [`TOMBSTONE_AGE`],
     /// with their resourceVersions.
     fn tombstones(&self, group: &str, now: Instant) -> Vec<(String, String)> {
-        let prefix = format!("{group}-member-");
+        let prefix = member_prefix(group);
         self.leases
             .iter()
             .filter(|(name, seen)| {
@@ -239,7 +244,7 @@ impl Group {
 
     /// When the next member would expire, if any.
     fn next_expiry(&self, group: &str, lease_duration: Duration) -> Option<Instant> {
-        let prefix = format!("{group}-member-");
+        let prefix = member_prefix(group);
         self.leases
             .iter()
             .filter(|(name, _)| name.starts_with(&prefix))

@@ -84,6 +84,17 @@ pub async fn roll(
     replicas: i32,
     limit: Duration,
 ) -> Result<()> {
+    upgrade(helm, (release, namespace), (key, value))?;
+    rolled_out(client, (release, namespace), replicas, limit).await
+}
+
+/// `helm upgrade --reuse-values --set key=value` of release `release` in `namespace`,
+/// without waiting for the rollout.
+pub fn upgrade(
+    helm: &mut Command,
+    (release, namespace): (&str, &str),
+    (key, value): (&str, &str),
+) -> Result<()> {
     crate::process::run(
         helm.args(["upgrade", release])
             .arg(workspace_root().join("charts/myresource-operator"))
@@ -91,7 +102,7 @@ pub async fn roll(
             .args(["--set", &format!("{key}={value}")]),
         None,
     )?;
-    rolled_out(client, (release, namespace), replicas, limit).await
+    Ok(())
 }
 
 /// Waits up to `limit` until the chart's Deployment of `release` in `namespace` has rolled

@@ -303,13 +303,7 @@ impl InCluster {
     ) -> Result<()> {
         let (_, tag) = image.rsplit_once(':').context("a tagged image")?;
         let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
-        e2e::process::run(
-            helm.args(["upgrade", RELEASE])
-                .arg(e2e::operator::workspace_root().join("charts/myresource-operator"))
-                .args(["--namespace", NAMESPACE, "--reuse-values"])
-                .args(["--set", &format!("image.tag={tag}")]),
-            None,
-        )?;
+        e2e::chart::upgrade(&mut helm, (RELEASE, NAMESPACE), ("image.tag", tag))?;
         let mixed = e2e::wait::poll("old and new replicas side by side", LIMIT, || async {
             let (mut new, mut old) = (0, 0);
             for pod in self
