@@ -22,32 +22,23 @@
 //!   the operator's Pods (replicas): the holder's crash, a release's successor, own deletion
 //! ```
 //!
-//! `main` only wires: it makes the one [`metrics::Metrics`] and hands it to the parts that
-//! record, and it builds the chain caches → [`echo::EchoFilter`] → [`controller::Controller`].
+//! The leadership core (election, fence, term lifecycle, crash proof, successor hand-off,
+//! scale-out) is the `kube-leasehold` crate of this workspace; this crate is its first
+//! user. Folders by concept:
+//! - [`cache`]: the warm caches every replica keeps (MyResources, their ConfigMaps, a slim
+//!   Pod index), per shard in scale-out mode;
+//! - [`control`]: the control loop: echo filter, controller, partitioned queues, reconcile,
+//!   Events;
+//! - [`scaleout`]: scale-out mode's wiring onto `kube_leasehold::scaleout`;
+//! - [`infra`]: command line, clients, metrics, telemetry, HTTP endpoints;
+//! - [`resource`]: the `MyResource` custom resource.
+//!
+//! `main` only wires: it makes the one [`infra::metrics::Metrics`] and hands it to the parts
+//! that record, and it builds the chain caches → [`control::echo::EchoFilter`] →
+//! [`control::controller::Controller`].
 
-pub mod assignment;
 pub mod cache;
-pub mod cli;
-pub mod controller;
-pub mod crash;
-pub mod echo;
-pub mod election;
-pub mod endpoints;
-pub mod events;
-pub mod fence;
-pub mod key;
-pub mod kubeclient;
-pub mod leadership;
-pub mod membership;
-pub mod metrics;
-pub mod pod;
-pub mod queue;
-pub mod reconcile;
-pub mod replicas;
+pub mod control;
+pub mod infra;
 pub mod resource;
 pub mod scaleout;
-pub mod shard;
-pub mod shardkey;
-pub mod succession;
-pub mod telemetry;
-pub mod throttle;

@@ -4,25 +4,25 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Parser;
 use kube::Api;
-use myresource_operator::cli::{Cli, Command, RunArgs};
-use myresource_operator::controller::Controller;
-use myresource_operator::crash;
-use myresource_operator::echo::{EchoFilter, Echoes};
-use myresource_operator::election::{Driver, Elector};
-use myresource_operator::endpoints::{self, Health};
-use myresource_operator::events::Publisher;
-use myresource_operator::fence::Fence;
-use myresource_operator::leadership::{self, Leadership, Terms};
-use myresource_operator::metrics::{Metrics, State};
-use myresource_operator::queue::Backoff;
-use myresource_operator::reconcile::Context;
-use myresource_operator::replicas::Replicas;
+use kube_leasehold::fence::Fence;
+use kube_leasehold::replicas::exit::{TERMINATION_LOG, announce_instance};
+use kube_leasehold::replicas::{Replicas, this_pod};
+use kube_leasehold::scaleout::ShardKey;
+use kube_leasehold::{Candidate, KubeLeases};
+use myresource_operator::cache;
+use myresource_operator::control::controller::Controller;
+use myresource_operator::control::echo::{EchoFilter, Echoes};
+use myresource_operator::control::events::Publisher;
+use myresource_operator::control::partition::Shards;
+use myresource_operator::control::queue::Backoff;
+use myresource_operator::control::reconcile::Context;
+use myresource_operator::infra::cli::{Cli, Command, RunArgs};
+use myresource_operator::infra::endpoints::{self, Health};
+use myresource_operator::infra::metrics::{Metrics, State};
+use myresource_operator::infra::{kubeclient, telemetry};
+use myresource_operator::resource;
 use myresource_operator::scaleout::{self, ScaleOut};
-use myresource_operator::shard::Shards;
-use myresource_operator::shardkey::ShardKey;
-use myresource_operator::{cache, kubeclient, pod, resource, telemetry};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 /// After stopping for its Pod's deletion, the longest wait for the kubelet's SIGTERM (the
@@ -69,10 +69,10 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
     let timings = args.timings().map_err(anyhow::Error::msg)?;
     let config = kubeclient::config(args.kubeconfig.as_deref(), &identity).await?;
     let lease_namespace = args.lease_namespace(&config.default_namespace);
-    let pod = pod::this_pod()
+    let pod = this_pod::this_pod()
         .map_err(anyhow::Error::msg)?
-        .map(|pod| pod::PodInfo {
-            instance: crash::announce_instance(crash::TERMINATION_LOG)
+        .map(|pod| this_pod::PodInfo {
+            instance: announce_instance(TERMINATION_LOG)
                 .inspect_err(|error| {
                     warn!(%error, "cannot name this process in its termination message: after a crash, followers wait for the lease")
                 })
@@ -182,28 +182,19 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
                 fence: fence.clone(),
                 shard: None,
             });
-            let leadership = Leadership::new(fence, &args.lease_name, &identity, metrics.clone());
-            let stop_election = CancellationToken::new();
-            let election = tokio::spawn(
-                Driver {
-                    replicas: replicas.clone(),
-                    api: Api::namespaced(clients.election, &lease_namespace),
-                    elector: Elector::new(&identity, &args.lease_name, &lease_namespace, timings)
-                        .in_pod(pod.clone()),
-                    leadership: leadership.clone(),
-                    metrics,
-                    seat: None,
-                }
-                .run(stop_election.clone()),
-            );
-            let terms = Terms {
-                controller,
-                ctx,
-                workers_per_shard: args.workers_per_shard.into(),
-                shard: None,
-                grace: args.shutdown_grace,
-            };
-            leadership::run(leadership, terms, (election, stop_election), stop).await;
+            let leases = KubeLeases::new(Api::namespaced(clients.election, &lease_namespace));
+            let workers = args.workers_per_shard.into();
+            let lease = args.lease_name.clone();
+            Candidate::new(&identity, &args.lease_name, &lease_namespace, timings)
+                .in_pod(pod)
+                .replicas(replicas.clone())
+                .observer(metrics)
+                .spawn(leases, fence)
+                .run(args.shutdown_grace, stop, move |cancel| {
+                    let (controller, ctx, lease) = (controller.clone(), ctx.clone(), lease.clone());
+                    async move { controller.lead(ctx, workers, None, &lease, cancel).await }
+                })
+                .await;
         }
         Some(key) => {
             scaleout::run(

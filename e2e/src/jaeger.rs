@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use myresource_operator::kubeclient::encode_query_value;
+use kube_leasehold::scaleout::selector::encode_query_value;
 use serde_json::{Value, json};
 
 use crate::cluster::free_port;

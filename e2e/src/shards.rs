@@ -11,10 +11,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use myresource_operator::assignment::{self, View};
-use myresource_operator::membership::{GROUP_LABEL, WARM_ANNOTATION, shard_lease};
+use kube_leasehold::scaleout::assignment::{self, View};
+use kube_leasehold::scaleout::membership::{GROUP_LABEL, WARM_ANNOTATION, shard_lease};
+use kube_leasehold::scaleout::shard_key::ShardKey;
 use myresource_operator::resource::MyResource;
-use myresource_operator::shardkey::ShardKey;
 
 use crate::audit::{self, Acquisition, AuditEvent, Fences};
 use crate::wait::poll;

@@ -861,7 +861,7 @@ async fn scale_out_replicas_with_the_charts_rbac_hold_every_shard() -> Result<()
     // (issue 30, hole 6: with the Lease deleted, a late create succeeded).
     let leases =
         Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(env.client.clone(), &ns);
-    let member = myresource_operator::membership::member_lease("myresource-operator", both[0]);
+    let member = kube_leasehold::scaleout::membership::member_lease("myresource-operator", both[0]);
     let live = leases.get(&member).await?;
     replicas[0].stop();
     e2e::shards::wait_steady(

@@ -29,8 +29,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
+use kube_leasehold::scaleout::shard_key::ShardKey;
 use myresource_operator::resource::MyResource;
-use myresource_operator::shardkey::ShardKey;
 use serde_json::json;
 
 const RELEASE: &str = "mro";
@@ -269,7 +269,7 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     let victim = steady.holders[shard].clone();
     let shard_lease = format!("{LEASE}-{shard}");
     let term = |lease: &Lease| {
-        let holder = myresource_operator::crash::Holder::of(lease).map(|h| h.instance);
+        let holder = kube_leasehold::replicas::exit::Holder::of(lease).map(|h| h.instance);
         let spec = lease.spec.clone().unwrap_or_default();
         (
             spec.holder_identity.unwrap_or_default(),

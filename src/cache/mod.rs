@@ -25,18 +25,16 @@
 //!
 //! Parts: `reflect` (the one loop every watch runs through, and the reflector store as a
 //! mirror of it), `store` (a reflector store per watched scope: namespace, and shard), `pods` (the slim Pod
-//! index as a mirror), `retry` (a watch's failures retried, cut short by the API server's
-//! return); here: what the caches report, and the wiring.
+//! index as a mirror); a watch's failures are retried by `kube_leasehold::retry`, cut short by
+//! the API server's return; here: what the caches report, and the wiring.
 
 mod pods;
 mod reflect;
-pub(crate) mod retry;
 mod store;
 
 pub use pods::PodIndex;
 use pods::PodMirror;
 use reflect::{StoreMirror, SyncGate, reflect};
-use retry::retried;
 pub use store::NamespacedStore;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,10 +50,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use crate::key::ObjectKey;
-use crate::kubeclient::{self, Reachability};
+use kube_leasehold::retry::{Reachability, retried};
+use kube_leasehold::scaleout::ShardKey;
+use kube_leasehold::scaleout::selector::with_query;
+
+use crate::control::key::ObjectKey;
 use crate::resource::{MANAGED_BY, MANAGED_BY_LABEL, MyResource, POD_LABEL};
-use crate::shardkey::ShardKey;
 
 /// Why a key was reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,7 +273,7 @@ impl Caches {
         let shard = scope.shard;
         let client = match shard {
             Some(s) if s.server_side => {
-                kubeclient::with_query(&w.client, "shardSelector", &s.key.selector(s.index))
+                with_query(&w.client, "shardSelector", &s.key.selector(s.index))
             }
             _ => w.client.clone(),
         };

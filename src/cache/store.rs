@@ -7,7 +7,7 @@ use kube::Resource;
 use kube::runtime::reflector::{self, Store};
 
 use super::Scope;
-use crate::key::ObjectKey;
+use crate::control::key::ObjectKey;
 
 /// A reflector store per watched scope.
 ///

@@ -23,8 +23,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Result, bail};
-use myresource_operator::membership::shard_lease;
-use myresource_operator::shardkey::ShardKey;
+use kube_leasehold::scaleout::membership::shard_lease;
+use kube_leasehold::scaleout::shard_key::ShardKey;
 use serde_json::Value;
 
 use super::effect::{Dated, Dater, Effect};

@@ -20,8 +20,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
+use kube_leasehold::scaleout::shard_key::ShardKey;
 use myresource_operator::resource::{MyResource, MyResourceSpec};
-use myresource_operator::shardkey::ShardKey;
 
 const SHARDS: usize = 6;
 const OBJECTS: usize = 30;

@@ -132,10 +132,10 @@ async fn ceiling_writes(
         .map(|mr| {
             let (mrs, cms, events) = (mrs.clone(), cms.clone(), events.clone());
             async move {
-                let desired = myresource_operator::reconcile::desired_configmap(&mr);
+                let desired = myresource_operator::control::reconcile::desired_configmap(&mr);
                 let name = mr.metadata.name.clone().unwrap_or_default();
                 cms.create(&PostParams::default(), &desired).await?;
-                let status = myresource_operator::reconcile::desired_status(&mr, Default::default(), None, &[], Timestamp::now());
+                let status = myresource_operator::control::reconcile::desired_status(&mr, Default::default(), None, &[], Timestamp::now());
                 let patch = json!({"metadata": {"resourceVersion": mr.metadata.resource_version}, "status": status});
                 mrs.patch_status(&name, &Default::default(), &kube::api::Patch::Merge(&patch)).await?;
                 let event: Event = serde_json::from_value(json!({

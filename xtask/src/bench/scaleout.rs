@@ -27,8 +27,8 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use kube_leasehold::scaleout::shard_key::{ShardKey, fnv1a64};
 use myresource_operator::resource::MyResource;
-use myresource_operator::shardkey::{ShardKey, fnv1a64};
 use serde_json::json;
 
 use super::Bench;

@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use myresource_operator::membership::member_lease;
+use kube_leasehold::scaleout::membership::member_lease;
+use kube_leasehold::scaleout::shard_key::ShardKey;
 use myresource_operator::resource::{MyResource, MyResourceSpec};
-use myresource_operator::shardkey::ShardKey;
 use serde_json::{Value, json};
 
 use super::probe::Probes;

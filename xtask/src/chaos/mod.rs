@@ -43,7 +43,7 @@ use e2e::process::Lifetime;
 use e2e::proxy::Proxy;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use myresource_operator::membership::shard_lease;
+use kube_leasehold::scaleout::membership::shard_lease;
 use serde_json::{Value, json};
 
 use checks::Counts;

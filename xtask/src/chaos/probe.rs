@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use kube_leasehold::scaleout::shard_key::ShardKey;
 use myresource_operator::resource::{MyResource, MyResourceSpec};
-use myresource_operator::shardkey::ShardKey;
 use serde_json::json;
 
 use super::NAMESPACE;

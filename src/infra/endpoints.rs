@@ -209,7 +209,7 @@ impl<F: Fn() -> bool + Send + Sync + 'static> Handler for Health<F> {
 }
 
 /// `/metrics`.
-pub struct Metrics(pub Arc<crate::metrics::Metrics>);
+pub struct Metrics(pub Arc<crate::infra::metrics::Metrics>);
 
 impl Handler for Metrics {
     fn handle(&self, path: &str, accept: &str) -> (StatusCode, &'static str, String) {

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::shardkey::fnv1a64;
+use super::shard_key::fnv1a64;
 
 /// One replica's view of the shard group.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -11,7 +11,7 @@
 //!   for their deadlines), then is dropped.
 //!
 //! A term covers every shard (one Lease), or in scale-out mode one shard (its shard
-//! Lease): a key's shard is then its MyResource's uid's ([`crate::shardkey`]), looked up
+//! Lease): a key's shard is then its MyResource's uid's ([`kube_leasehold::scaleout::shard_key`]), looked up
 //! in the cache; a key not in the cache is no shard's (another replica's, or deleted).
 //!
 //! Each reconcile runs in a `reconcile` span (namespace, name, kind, shard, trigger, result,
@@ -28,12 +28,12 @@ use tracing::{Instrument, debug, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::cache::{Caches, Change, Sink, Trigger};
-use crate::key::ObjectKey;
-use crate::metrics::{Metrics, QueueState, ReconcileResult};
-use crate::queue::Outcome;
-use crate::reconcile::{Context, Error, reconcile};
-use crate::shard::{Shard, Shards, shard_of};
-use crate::shardkey::ShardKey;
+use crate::control::key::ObjectKey;
+use crate::control::partition::{Shard, Shards, shard_of};
+use crate::control::queue::Outcome;
+use crate::control::reconcile::{Context, Error, reconcile};
+use crate::infra::metrics::{Metrics, QueueState, ReconcileResult};
+use kube_leasehold::scaleout::shard_key::ShardKey;
 
 /// How long a reconcile in flight when its term ends may go on: enough for the answers to
 /// the writes it sent (a reconcile takes milliseconds), bounded for one stuck on a read.

@@ -1,5 +1,5 @@
 //! The operator's own Pods — this replica's and its peers' — as one watch sees them: the
-//! I/O half of [`crate::crash`] (the holder's Pod), of [`crate::succession`] (whom a
+//! I/O half of [`crate::replicas::exit`] (the holder's Pod), of [`crate::replicas::succession`] (whom a
 //! releasing leader names) and of this replica's early stop ([`Replicas::deleting`]).
 //!
 //! One watch of the Pods in this replica's namespace that match the replica selector
@@ -7,11 +7,15 @@
 //! this Pod's own labels without the per-revision and per-Pod ones, read once).
 //! Invariant: [`Replicas::pods`] is the state the watch last delivered, a re-list
 //! replacing it whole once complete (never a mix of two lists).
-//! Failures are retried as the caches' watches are ([`crate::cache::retry`]: kube's backoff,
+//! Failures are retried as the caches' watches are ([`crate::retry`]: kube's backoff,
 //! cut short by the API server's return, so the view is not stale for up to 30 s after an
 //! outage); meanwhile a replica detects crashes by lease expiry only, stops at the
 //! kubelet's SIGTERM only, and may name a successor from a stale view (which costs at most
-//! a retry period, see [`crate::succession`]).
+//! a retry period, see [`crate::replicas::succession`]).
+
+pub mod exit;
+pub mod succession;
+pub mod this_pod;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,8 +28,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::cache::retry::retried;
-use crate::kubeclient::Reachability;
+use crate::retry::{Reachability, retried};
 
 /// The replicas' Pods by name.
 pub type Pods = BTreeMap<String, Arc<Pod>>;

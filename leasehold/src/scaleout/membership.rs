@@ -12,7 +12,7 @@
 //!   replica's monotonic clock from when the record last changed, against the longer of our
 //!   lease duration and the record's (no remote clock is compared with ours);
 //! - a member whose Pod proves that the process that wrote its member Lease exited
-//!   ([`crash`]) is no member, whatever its Lease's age: its shards move at once;
+//!   ([`exit`]) is no member, whatever its Lease's age: its shards move at once;
 //! - a member leaving gracefully clears its member Lease (a tombstone) *before* its shards
 //!   are released, so the others plan without it by the time the releases arrive and take
 //!   them at once; a late write of the departed member fails against the tombstone, which
@@ -38,17 +38,15 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::assignment::{self, Intent, View};
-use crate::cache::Caches;
-use crate::cache::retry::retried;
-use crate::crash;
+use super::assignment::{self, Intent, View};
+use super::shard_key::ShardKey;
 use crate::election::Timings;
-use crate::kubeclient::Reachability;
-use crate::leadership::Leadership;
-use crate::metrics::Metrics;
-use crate::pod::PodInfo;
+use crate::observe::Observer;
+use crate::replicas::exit;
+use crate::replicas::this_pod::PodInfo;
 use crate::replicas::{self, Pods, Replicas};
-use crate::shardkey::ShardKey;
+use crate::retry::{Reachability, retried};
+use crate::term::Leadership;
 use crate::throttle::{Throttle, Verdict};
 
 /// The label every Lease of a shard group carries: the group's (base Lease's) name.
@@ -113,8 +111,8 @@ fn parse_shards(text: &str) -> BTreeSet<usize> {
 struct Seen {
     spec: LeaseSpec,
     warm: BTreeSet<usize>,
-    /// The Pod and process that wrote it ([`crash`]).
-    holder: Option<crash::Holder>,
+    /// The Pod and process that wrote it ([`exit`]).
+    holder: Option<exit::Holder>,
     resource_version: String,
     since: Instant,
 }
@@ -139,7 +137,7 @@ impl Group {
             .map(|w| parse_shards(w))
             .unwrap_or_default();
         let name = lease.name_any();
-        let holder = crash::Holder::of(lease);
+        let holder = exit::Holder::of(lease);
         let resource_version = lease.resource_version().unwrap_or_default();
         let since = match self.leases.get_mut(&name) {
             Some(seen) if seen.spec == spec => {
@@ -202,7 +200,7 @@ impl Group {
             let duration = duration_of(&seen.spec).max(lease_duration);
             let exited = pods
                 .get(holder)
-                .and_then(|pod| crash::exited(holder, seen.holder.as_ref(), pod));
+                .and_then(|pod| exit::exited(holder, seen.holder.as_ref(), pod));
             if name.starts_with(&prefix) && now < seen.since + duration && exited.is_none() {
                 members.insert(holder.to_string());
                 warm.insert(holder.to_string(), seen.warm.clone());
@@ -253,33 +251,53 @@ impl Group {
     }
 }
 
+/// The shard caches a scale-out replica keeps warm: the user's side of the plan. The
+/// membership tells it which shards to cache; it tells the membership which have listed.
+pub trait ShardCaches: Send + Sync + 'static {
+    /// Caches exactly `shards` from now on (starting the missing, stopping the others).
+    fn cache_shards(&self, shards: &BTreeSet<usize>);
+    /// The shards being cached (listed or not).
+    fn cached_shards(&self) -> BTreeSet<usize>;
+    /// The shards whose caches have completed their first list.
+    fn warm_shards(&self) -> BTreeSet<usize>;
+    /// Changes whenever [`ShardCaches::warm_shards`] may have changed.
+    fn subscribe_warmed(&self) -> watch::Receiver<u64>;
+}
+
 /// What a scale-out replica's membership needs.
-pub struct Membership {
+pub struct Membership<C> {
+    /// The group's Leases (member and shard Leases share a namespace).
     pub api: Api<Lease>,
+    /// This replica's identity (the holder it writes).
     pub identity: String,
     /// The group's (base Lease's) name.
     pub group: String,
+    /// How objects map to shards.
     pub key: ShardKey,
+    /// How many replicas besides the leader keep each shard's cache warm.
     pub standbys: usize,
+    /// The group's timings (a member is live for a lease duration after its last change).
     pub timings: Timings,
-    /// Whether the API server filters MyResources by shard.
-    pub server_side: bool,
-    pub caches: Caches,
+    /// The shard caches.
+    pub caches: C,
     /// One per shard, in order: whether this replica leads it.
     pub leaderships: Vec<Leadership>,
+    /// Where the plan's word for this replica goes (the shard elections' seats).
     pub intent: watch::Sender<Intent>,
+    /// The API server's returns: the watch retries at once when it is back.
     pub reachability: Reachability,
-    pub metrics: Arc<Metrics>,
+    /// Told the number of shards led and cached and of members seen.
+    pub observer: Arc<dyn Observer>,
     /// In a Pod: this replica's Pod. Its ServiceAccount owns the member Lease (as it owns
     /// the shard Leases), so `helm uninstall` removes a crashed replica's too; its uid and
     /// instance go on it, so the others can drop this member as soon as its Pod proves
-    /// that its process exited ([`crash`]).
+    /// that its process exited ([`exit`]).
     pub pod: Option<PodInfo>,
     /// In a Pod: the replicas' Pods, which prove other members' exits.
     pub replicas: Option<Replicas>,
 }
 
-impl Membership {
+impl<C: ShardCaches> Membership<C> {
     /// Renews this replica's member Lease and keeps the plan, the cached shards and the
     /// intent current, until `stop` fires; then clears the member Lease (leaving the
     /// group) and returns.
@@ -431,9 +449,8 @@ impl Membership {
             &self.caches.cached_shards(),
             until.is_some(),
         );
-        self.caches
-            .watch_shards(&cached, self.key, self.server_side);
-        self.metrics
+        self.caches.cache_shards(&cached);
+        self.observer
             .shards(held.len(), cached.len(), view.members.len());
         self.intent.send_if_modified(|current| {
             if *current == intent {
@@ -699,8 +716,8 @@ mod tests {
         let mut group = Group::default();
         let mut b = lease("op-member-b", "b", "2026-01-01T00:00:00Z", "0");
         b.metadata.annotations.as_mut().unwrap().extend([
-            (crash::HOLDER_UID.to_string(), "uid-b".to_string()),
-            (crash::HOLDER_INSTANCE.to_string(), "i1".to_string()),
+            (exit::HOLDER_UID.to_string(), "uid-b".to_string()),
+            (exit::HOLDER_INSTANCE.to_string(), "i1".to_string()),
         ]);
         group.observe(&b, t, w);
         group.observe(

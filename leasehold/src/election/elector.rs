@@ -1,131 +1,20 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease, with client-go's semantics and
-//! stricter rules where client-go can elect two leaders.
-//!
-//! The decision logic ([`Elector`]) is pure: it is fed what was read and written, and the
-//! monotonic time, and says what to do next. The driver ([`Driver`]) does the I/O and tells
-//! [`Leadership`] (the one owner of the fence and the role) when a term begins, continues
-//! or ends.
-//!
-//! Guarantees (with `lease_duration > renew_deadline > retry_period`, checked by
-//! [`Timings::new`]):
-//! - Acquire and renew are `replace` calls carrying the resourceVersion last read, so of two
-//!   candidates at most one succeeds (the other gets 409 Conflict); a deposed leader's renew
-//!   conflicts instead of extending the new leader's term. The Lease is created only when
-//!   absent (a concurrent create gets 409 AlreadyExists).
-//! - Expiry is judged on this replica's monotonic clock from when it first observed the
-//!   current *election record* (holder, acquire and renew times, transitions, duration):
-//!   metadata-only writes (labels, annotations, a new resourceVersion) never restart it. The
-//!   remote `renewTime` is never compared with the local clock, so clock skew cannot cause
-//!   two leaders. The duration waited is the larger of this replica's `--lease-duration`
-//!   and the record's `leaseDurationSeconds`, so replicas with different timings (a rolling
-//!   upgrade that shortens them) never take over before the holder's own fence closes.
-//! - The leader's writes are fenced until `start of its last successful renew +
-//!   renew_deadline`. Another replica observes that renew no earlier than it started, and
-//!   acquires no earlier than a lease duration after that observation, which is later than
-//!   the fence closes (as long as the clocks' rates agree to within
-//!   `lease_duration / renew_deadline`).
-//! - A graceful release (empty holder, `leaseDurationSeconds: 1`, a new renewTime: what
-//!   this driver and client-go's `ReleaseOnCancel` write after closing their fence) is
-//!   acquirable at once; followers watch the Lease, so they see it within one watch event.
-//!   A release may name a successor ([`succession`]): it takes the release at once, the
-//!   others stand back one retry period while it is live. Only liveness depends on it:
-//!   everyone acquires with the same compare-and-swap.
-//!   Any other way a holder disappears — the Lease deleted, or its holder cleared by a
-//!   foreign writer — is taken only after the previous holder's fence has surely closed: a
-//!   lease duration after this replica last saw that holder's record change.
-//! - The leader steps down at once when a renew finds the Lease deleted (404) or its
-//!   election record changed by someone else (409, then a read); a metadata-only change
-//!   only makes it renew again with the new resourceVersion.
-//! - Each request has its own timeout (at most `retry_period`, never past the renew
-//!   deadline), the election's client does not retry by itself, and a failed request is
-//!   followed by a jittered pause of one retry period (client-go's rule): an unreachable
-//!   API server costs one request per retry period, not a busy loop. When the renew
-//!   deadline passes without a successful renew the leader steps down.
-//! - A failed read changes nothing: a renewal writes a new renewTime, so a record found
-//!   unchanged after failed reads was not renewed meanwhile and keeps the expiry clock it
-//!   had. After an outage the replica the record names takes the Lease back at its next
-//!   attempt, or a follower whose clock ran out takes it over (one compare-and-swap wins):
-//!   an API server restart costs the restart, not a lease duration.
-//! - A record is this process's own only if it is exactly a record this process wrote (the
-//!   last one the server confirmed, or the last one sent, whose answer may have been lost;
-//!   renewTime is written to the microsecond, so no other writer repeats it by chance). A
-//!   record that merely names this identity is another holder's: a foreign write naming a
-//!   former holder, a container restarted in the same Pod, two processes given the same
-//!   `--identity`. It is taken only after it expires (the other writer's requests may still
-//!   be in flight), and never released by this process.
+//! The pure half of the election: fed what was read and written and the monotonic time,
+//! it says what to do next (see [`crate::election`] for the rules it keeps).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
-use kube::{Api, ResourceExt};
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, debug_span, info, info_span, warn};
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
 
-use crate::assignment::Intent;
-use crate::crash::{self, Exit};
+use super::Timings;
 use crate::fence::{MAX_WRITE_TIME, SETTLE_MARGIN};
-use crate::leadership::{Leadership, Transition};
-use crate::metrics::Metrics;
-use crate::pod::PodInfo;
-use crate::replicas::{self, Replicas};
-use crate::succession;
-use crate::throttle::{Throttle, Verdict};
-
-/// Lease timings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timings {
-    /// How long followers wait, from observing the last change of the election record,
-    /// before taking the Lease over (at least; see the module doc).
-    pub lease_duration: Duration,
-    /// How long the leader keeps leading without a successful renew.
-    pub renew_deadline: Duration,
-    /// How often the leader renews and followers retry.
-    pub retry_period: Duration,
-}
-
-impl Timings {
-    /// Checks `lease_duration > renew_deadline > retry_period > 0`, with messages a person
-    /// can act on.
-    pub fn new(
-        lease_duration: Duration,
-        renew_deadline: Duration,
-        retry_period: Duration,
-    ) -> Result<Self, String> {
-        if retry_period.is_zero() {
-            return Err("--retry-period must be greater than zero".into());
-        }
-        if renew_deadline <= retry_period {
-            return Err(format!(
-                "--renew-deadline ({renew_deadline:?}) must be greater than --retry-period \
-                 ({retry_period:?}): the leader needs more than one renew attempt per deadline"
-            ));
-        }
-        if lease_duration <= renew_deadline {
-            return Err(format!(
-                "--lease-duration ({lease_duration:?}) must be greater than --renew-deadline \
-                 ({renew_deadline:?}): otherwise a follower may take over while the old leader \
-                 still believes it leads"
-            ));
-        }
-        if lease_duration.as_secs() < 1 || lease_duration.subsec_nanos() != 0 {
-            return Err(format!(
-                "--lease-duration ({lease_duration:?}) must be a whole number of seconds (the \
-                 Lease records it in seconds)"
-            ));
-        }
-        Ok(Timings {
-            lease_duration,
-            renew_deadline,
-            retry_period,
-        })
-    }
-}
+use crate::replicas::exit::{self, Exit};
+use crate::replicas::succession;
+use crate::replicas::this_pod::PodInfo;
 
 /// What the last read of the Lease showed, and when this replica first saw its election
 /// record.
@@ -138,7 +27,7 @@ struct Observation {
     /// resourceVersion: metadata-only writes do not restart the clock).
     since: Instant,
     /// The holder's Pod and process, as the Lease's annotations name them ([`crash`]).
-    holder_pod: Option<crash::Holder>,
+    holder_pod: Option<exit::Holder>,
     /// The successor a released record names ([`succession::SUCCESSOR`]), while it may
     /// still be live.
     successor: Option<String>,
@@ -255,7 +144,7 @@ impl Elector {
         {
             return None;
         }
-        let exit = crash::exited(obs.holder(), obs.holder_pod.as_ref(), pod)?;
+        let exit = exit::exited(obs.holder(), obs.holder_pod.as_ref(), pod)?;
         self.exited = Some((obs.spec.clone(), now));
         Some(exit)
     }
@@ -313,7 +202,7 @@ impl Elector {
         self.absent = false;
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
-        let holder_pod = crash::Holder::of(lease);
+        let holder_pod = exit::Holder::of(lease);
         if let Some(obs) = self.observed.as_mut().filter(|o| o.spec == spec) {
             // The same record (perhaps relabelled, perhaps after failed reads: it was not
             // renewed meanwhile): only the resourceVersion moves on, not the clock.
@@ -475,6 +364,11 @@ impl Elector {
         }
     }
 
+    /// The resourceVersion of the Lease last observed, if any (where a watch starts).
+    pub fn observed_version(&self) -> Option<&str> {
+        self.observed.as_ref().map(|o| o.resource_version.as_str())
+    }
+
     /// This replica's Pod name (in a Pod).
     pub fn pod_name(&self) -> Option<&str> {
         self.pod.as_ref().map(|p| p.name.as_str())
@@ -505,7 +399,7 @@ impl Elector {
             resource_version: written.resource_version().unwrap_or_default(),
             spec: written.spec.clone().unwrap_or_default(),
             since: started,
-            holder_pod: crash::Holder::of(written),
+            holder_pod: exit::Holder::of(written),
             successor: None,
         });
         self.renewed_at = Some(started);
@@ -535,458 +429,6 @@ impl Elector {
     /// Forgets leadership (after a failed renew past the deadline, or a release).
     pub fn step_down(&mut self) {
         self.renewed_at = None;
-    }
-}
-
-/// `period` stretched by `fraction` of itself (client-go's `wait.Jitter`).
-pub fn jitter(period: Duration, fraction: f64) -> Duration {
-    period.mul_f64(1.0 + fraction.clamp(0.0, 1.0) * JITTER)
-}
-
-/// The jitter factor of a retry after a failure.
-const JITTER: f64 = 0.2;
-
-/// A fraction in [0, 1) that differs between replicas and attempts.
-fn random_fraction() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    (bits >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// How often a repeating failure is logged.
-const LOG_EVERY: Duration = Duration::from_secs(30);
-
-/// The I/O half: the Lease API. The API's client must not retry by itself
-/// (`kube::Config::default_retry = false`).
-pub struct Driver {
-    pub api: Api<Lease>,
-    pub elector: Elector,
-    pub leadership: Leadership,
-    pub metrics: Arc<Metrics>,
-    /// The replicas' Pods (in a Pod only): a holder's proven crash is taken over at once,
-    /// and a release names a successor.
-    pub replicas: Option<Replicas>,
-    /// Scale-out mode: this shard Lease's place in the replica's plan.
-    pub seat: Option<Seat>,
-}
-
-/// A shard Lease's election in scale-out mode: it acquires only while the plan lets this
-/// replica lead the shard, and hands the shard over when the plan says so
-/// ([`assignment::intent`]). The plan decides liveness only: acquiring is the same
-/// compare-and-swap, releasing the same ordered release, as for the single Lease.
-pub struct Seat {
-    pub shard: usize,
-    pub intent: tokio::sync::watch::Receiver<Intent>,
-}
-
-impl Seat {
-    fn may_lead(&self) -> bool {
-        self.intent.borrow().lead.contains(&self.shard)
-    }
-
-    /// Resolves when the plan says to hand this shard over.
-    async fn hand_off_due(&mut self) {
-        let shard = self.shard;
-        if self
-            .intent
-            .wait_for(|i| i.hand_off.contains(&shard))
-            .await
-            .is_err()
-        {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// Resolves when a seat's intent changes (never without a seat).
-async fn intent_changed(intent: &mut Option<tokio::sync::watch::Receiver<Intent>>) {
-    match intent {
-        Some(intent) => {
-            if intent.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-        None => std::future::pending().await,
-    }
-}
-
-impl Driver {
-    /// Runs the election until `shutdown` fires; then releases the Lease if it names us.
-    pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut failures = Throttle::new(LOG_EVERY);
-        // After a failed request: no new attempt before this.
-        let mut pause: Option<Instant> = None;
-        // The Lease watch just delivered the record: no need to GET it again.
-        let mut watched = false;
-        loop {
-            if let Some(until) = pause.take() {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep_until(until.into()) => {}
-                }
-            }
-            if shutdown.is_cancelled() {
-                break;
-            }
-            let now = Instant::now();
-            let outcome = if self.elector.is_leader(now) {
-                let at = self.elector.next_renew().unwrap_or(now);
-                let hand_off = async {
-                    match self.seat.as_mut() {
-                        Some(seat) => seat.hand_off_due().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep_until(at.into()) => {}
-                    _ = hand_off => {
-                        self.hand_off().await;
-                        continue;
-                    }
-                }
-                self.attempt(true).await
-            } else {
-                if self.leadership.is_leading() {
-                    self.elector.step_down();
-                    self.leadership.step_down(
-                        Transition::Lost,
-                        "renew deadline passed without a successful renew",
-                    );
-                }
-                let read = if std::mem::take(&mut watched) {
-                    Ok(())
-                } else {
-                    self.read().await
-                };
-                match read {
-                    Err(err) => Err(err),
-                    Ok(()) => {
-                        self.observe_replicas();
-                        let next = self.elector.next_action(Instant::now(), Timestamp::now());
-                        let retry = Instant::now() + self.elector.timings().retry_period;
-                        match next {
-                            // Takeable, but the plan gives the shard to another replica.
-                            Action::Create(_) | Action::Replace(_) if !self.may_lead() => {
-                                tokio::select! {
-                                    _ = shutdown.cancelled() => break,
-                                    current = self.watch_until(retry) => watched = current,
-                                }
-                                Ok(())
-                            }
-                            Action::WaitUntil(until) => {
-                                let until = until.min(retry).max(Instant::now());
-                                tokio::select! {
-                                    _ = shutdown.cancelled() => break,
-                                    current = self.watch_until(until) => watched = current,
-                                }
-                                Ok(())
-                            }
-                            _ => self.attempt(false).await,
-                        }
-                    }
-                }
-            };
-            match outcome {
-                Ok(()) => {
-                    if let Some(run) = failures.succeeded() {
-                        info!(failures = run, "Lease requests succeed again");
-                    }
-                }
-                Err(err) => {
-                    if let Verdict::Log { suppressed } = failures.failed(Instant::now()) {
-                        warn!(error = %err, suppressed, "Lease request failed; retrying every retry period");
-                    }
-                    let period = self.elector.timings().retry_period;
-                    pause = Some(Instant::now() + jitter(period, random_fraction()));
-                }
-            }
-        }
-        self.release().await;
-    }
-
-    /// Whether the plan lets this replica lead (always for the single Lease).
-    fn may_lead(&self) -> bool {
-        self.seat.as_ref().is_none_or(Seat::may_lead)
-    }
-
-    /// Gives a shard to the replica the plan names: ends the term (fence first), waits
-    /// for its workers to stop (bounded by the renew deadline), then releases, as a
-    /// shutdown does. This replica stays a follower of the shard.
-    async fn hand_off(&mut self) {
-        self.leadership.step_down(
-            Transition::Handoff,
-            "the plan gives this shard to a replica whose cache of it is warm",
-        );
-        let limit = self.elector.timings().renew_deadline;
-        if tokio::time::timeout(limit, self.leadership.wait_idle())
-            .await
-            .is_err()
-        {
-            warn!(
-                ?limit,
-                "the shard's workers did not stop in time; releasing anyway"
-            );
-        }
-        self.release().await;
-    }
-
-    /// Records what the replicas' Pods show about the holder (a proven exit) and about a
-    /// named successor (no longer live); nothing outside a Pod.
-    fn observe_replicas(&mut self) {
-        let Some(replicas) = &self.replicas else {
-            return;
-        };
-        let pods = replicas.pods();
-        let holder = self.elector.holder().to_string();
-        if let Some(exit) = pods
-            .get(&holder)
-            .and_then(|pod| self.elector.observe_holder_pod(pod, Instant::now()))
-        {
-            info!(
-                holder,
-                exit = exit.as_str(),
-                "the holder's process has exited (its Pod says so): taking over without waiting for the lease"
-            );
-        }
-        if let Some(successor) = self.elector.successor().map(str::to_string)
-            && !pods.get(&successor).is_some_and(|p| succession::is_live(p))
-        {
-            info!(
-                successor,
-                "the successor named by the release is not live: taking the Lease without standing back"
-            );
-            self.elector.successor_lost();
-        }
-    }
-
-    /// GETs the Lease and records it.
-    async fn read(&mut self) -> Result<(), String> {
-        let timeout = self.elector.timings().retry_period;
-        let result = tokio::time::timeout(timeout, self.api.get_opt(self.elector.name())).await;
-        match result {
-            Ok(Ok(Some(lease))) => self.elector.observe(&lease, Instant::now()),
-            Ok(Ok(None)) => self.elector.observe_absent(),
-            Ok(Err(err)) => return Err(format!("reading the Lease: {err}")),
-            Err(_) => return Err(format!("reading the Lease timed out after {timeout:?}")),
-        }
-        if !self.elector.is_leader(Instant::now()) && self.leadership.is_leading() {
-            self.leadership.step_down(
-                Transition::Lost,
-                "the Lease was changed or deleted by someone else",
-            );
-        }
-        Ok(())
-    }
-
-    /// One acquire or renew attempt, bounded in time (renewals are traced at debug level).
-    /// A renew that conflicts with a metadata-only change is retried once at once.
-    async fn attempt(&mut self, renewing: bool) -> Result<(), String> {
-        let span = if renewing {
-            debug_span!("leader_election.renew")
-        } else {
-            debug_span!("leader_election.try_acquire")
-        };
-        let retry = self.attempt_once(renewing).instrument(span.clone()).await?;
-        if retry && self.elector.is_leader(Instant::now()) {
-            debug!("the Lease changed in metadata only: renewing again");
-            self.attempt_once(true).instrument(span).await?;
-        }
-        Ok(())
-    }
-
-    /// Returns whether a renew conflicted and should be retried.
-    async fn attempt_once(&mut self, renewing: bool) -> Result<bool, String> {
-        let started = Instant::now();
-        let action = self.elector.next_action(started, Timestamp::now());
-        self.elector.sending(&action);
-        let timings = self.elector.timings();
-        // Never past the deadline while leading; at most one retry period in any case.
-        let limit = match self.elector.fence_until() {
-            Some(until) if renewing => until
-                .saturating_duration_since(started)
-                .min(timings.retry_period),
-            _ => timings.retry_period,
-        };
-        let name = self.elector.name().to_string();
-        let request = async {
-            match &action {
-                Action::Create(lease) => self
-                    .api
-                    .create(&PostParams::default(), lease)
-                    .await
-                    .map(Some),
-                Action::Replace(lease) => self
-                    .api
-                    .replace(&name, &PostParams::default(), lease)
-                    .await
-                    .map(Some),
-                Action::WaitUntil(_) => Ok(None),
-            }
-        };
-        match tokio::time::timeout(limit, request).await {
-            Ok(Ok(Some(written))) => {
-                let new_term = self.elector.succeeded(&written, started);
-                if let Some(until) = self.elector.fence_until() {
-                    self.leadership.extend(until);
-                }
-                if !new_term {
-                    self.metrics.lease_renewed(started.elapsed());
-                    debug!(took = ?started.elapsed(), "renewed the Lease");
-                }
-                Ok(false)
-            }
-            Ok(Ok(None)) => Ok(false),
-            Ok(Err(kube::Error::Api(status))) if status.code == 409 => {
-                debug!(renewing, "Lease conflict: someone else wrote it first");
-                if renewing {
-                    // Read at once: a changed record ends the term now, a relabel does not.
-                    self.read().await?;
-                    return Ok(self.elector.is_leader(Instant::now()));
-                }
-                Ok(false)
-            }
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
-                self.elector.observe_absent();
-                if self.leadership.is_leading() {
-                    self.leadership
-                        .step_down(Transition::Lost, "the Lease was deleted");
-                }
-                Ok(false)
-            }
-            Ok(Err(err)) => Err(format!("writing the Lease: {err}")),
-            Err(_) => Err(format!("writing the Lease timed out after {limit:?}")),
-        }
-    }
-
-    /// Waits until `until`, the next change of the Lease, or a change of the replicas' Pods
-    /// that lets this replica take the Lease now (a proven exit, a successor gone),
-    /// whichever comes first. Returns whether the record held is current (a watch event
-    /// recorded it, or the watch was live throughout), so that no GET is needed. Pod
-    /// changes that decide nothing keep the watch and its connection.
-    async fn watch_until(&mut self, until: Instant) -> bool {
-        // A new receiver wakes once at first: a change since the caller looked is not lost.
-        let mut pods = self.replicas.as_ref().map(Replicas::subscribe);
-        let mut intent = self.seat.as_ref().map(|s| s.intent.clone());
-        let Some(rv) = self
-            .elector
-            .observed
-            .as_ref()
-            .map(|o| o.resource_version.clone())
-        else {
-            tokio::time::sleep_until(until.into()).await;
-            return false;
-        };
-        // Rounded up: a server timeout shorter than the wait would leave this replica
-        // blind to the Lease for the rest of it.
-        let seconds = until
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64()
-            .ceil()
-            .max(1.0) as u32;
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.elector.name()))
-            .timeout(seconds);
-        let deadline = tokio::time::sleep_until(until.into());
-        tokio::pin!(deadline);
-        let api = self.api.clone();
-        let stream = tokio::select! {
-            _ = &mut deadline => return false,
-            stream = api.watch(&params, &rv) => stream,
-        };
-        let Ok(stream) = stream else {
-            deadline.await;
-            return false;
-        };
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                _ = &mut deadline => return false,
-                _ = replicas::changed(&mut pods) => {
-                    self.observe_replicas();
-                    let next = self.elector.next_action(Instant::now(), Timestamp::now());
-                    if !matches!(next, Action::WaitUntil(_)) && self.may_lead() {
-                        return true;
-                    }
-                }
-                _ = intent_changed(&mut intent) => {
-                    let next = self.elector.next_action(Instant::now(), Timestamp::now());
-                    if !matches!(next, Action::WaitUntil(_)) && self.may_lead() {
-                        return true;
-                    }
-                }
-                event = stream.next() => match event {
-                    Some(Ok(WatchEvent::Modified(lease) | WatchEvent::Added(lease))) => {
-                        self.elector.observe(&lease, Instant::now());
-                        return true;
-                    }
-                    Some(Ok(WatchEvent::Deleted(_))) => {
-                        self.elector.observe_absent();
-                        return true;
-                    }
-                    Some(Ok(_)) => {}
-                    // The server ended the watch early: read and watch again at once.
-                    None => return false,
-                    // The watch failed: fall back to waiting for the deadline.
-                    Some(Err(_)) => {
-                        deadline.await;
-                        return false;
-                    }
-                },
-            }
-        }
-    }
-
-    /// Gives the Lease up (empty holder, 1 s) so a follower takes over at once. The fence
-    /// is already closed (by [`Leadership`]'s shutdown) when this runs.
-    async fn release(&mut self) {
-        self.elector.step_down();
-        // A follower takes a released Lease at once, with no margin for writes of ours that
-        // the server may still apply: wait them out (at most until the fence's end, which is
-        // before the Lease could expire), or leave the Lease to expire.
-        let limit = Instant::now() + self.elector.timings().renew_deadline + SETTLE_MARGIN;
-        if !self.leadership.writes_settled(limit).await {
-            warn!(
-                writes = ?self.leadership.writes(),
-                "a write of this term may still be applied: leaving the Lease to expire instead of releasing it"
-            );
-            return;
-        }
-        // A shard's next leader is the plan's, not a successor's.
-        let successor = self
-            .replicas
-            .as_ref()
-            .filter(|_| self.seat.is_none())
-            .zip(self.elector.pod_name())
-            .and_then(|(replicas, me)| {
-                succession::successor(replicas.pods().values().map(AsRef::as_ref), me)
-            });
-        let Some(lease) = self.elector.release(Timestamp::now(), successor.clone()) else {
-            return;
-        };
-        let span = info_span!(
-            "leader_election",
-            transition = "released",
-            identity = self.elector.identity()
-        );
-        let limit = self.elector.timings().retry_period;
-        let params = PostParams::default();
-        let request = self.api.replace(self.elector.name(), &params, &lease);
-        let result = tokio::time::timeout(limit, request)
-            .instrument(span.clone())
-            .await;
-        let _entered = span.enter();
-        match result {
-            Ok(Ok(_)) => info!(
-                identity = self.elector.identity(),
-                successor = successor.as_deref().unwrap_or(""),
-                "released the Lease"
-            ),
-            Ok(Err(err)) => {
-                warn!(error = %err, "releasing the Lease failed; followers take over when it expires")
-            }
-            Err(_) => warn!("releasing the Lease timed out; followers take over when it expires"),
-        }
     }
 }
 
@@ -1094,17 +536,17 @@ mod tests {
         };
         let owners = Some(vec![pod.service_account.clone()]);
         assert_eq!(l.metadata.owner_references, owners);
-        let named = Some(crash::Holder {
+        let named = Some(exit::Holder {
             pod_uid: "pod-uid".into(),
             instance: "i".into(),
         });
-        assert_eq!(crash::Holder::of(l), named);
+        assert_eq!(exit::Holder::of(l), named);
         e.succeeded(&written(created, "1"), t);
         let Action::Replace(l) = e.next_action(t + Duration::from_secs(2), wall()) else {
             panic!("expected a renewal")
         };
         assert_eq!(l.metadata.owner_references, owners);
-        assert_eq!(crash::Holder::of(&l), named);
+        assert_eq!(exit::Holder::of(&l), named);
         let plain = Elector::new("me", "l", "ns", timings()).lease(LeaseSpec::default(), None);
         assert_eq!(plain.metadata.owner_references, None);
         assert_eq!(plain.metadata.annotations, None);
@@ -1655,15 +1097,5 @@ mod tests {
             Some(previous.lease_transitions.unwrap_or(0) + 1),
             "a new term, not a renewal"
         );
-    }
-
-    #[test]
-    fn jitter_stretches_by_at_most_a_fifth() {
-        let p = Duration::from_secs(2);
-        assert_eq!(jitter(p, 0.0), p);
-        assert_eq!(jitter(p, 1.0), Duration::from_millis(2_400));
-        assert_eq!(jitter(p, 7.0), Duration::from_millis(2_400));
-        let f = random_fraction();
-        assert!((0.0..1.0).contains(&f), "{f}");
     }
 }

@@ -11,9 +11,9 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::key::ObjectKey;
-use crate::metrics::QueueState;
-use crate::queue::{Backoff, Outcome, Popped, Queue};
+use crate::control::key::ObjectKey;
+use crate::control::queue::{Backoff, Outcome, Popped, Queue};
+use crate::infra::metrics::QueueState;
 
 /// FNV-1a over `namespace/name`, reduced to a shard index.
 pub fn shard_of(key: &ObjectKey, shards: usize) -> usize {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::telemetry::LogFormat;
+use crate::infra::telemetry::LogFormat;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -207,8 +207,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 impl RunArgs {
     /// The election timings, checked for consistency.
-    pub fn timings(&self) -> Result<crate::election::Timings, String> {
-        crate::election::Timings::new(self.lease_duration, self.renew_deadline, self.retry_period)
+    pub fn timings(&self) -> Result<kube_leasehold::election::Timings, String> {
+        kube_leasehold::election::Timings::new(
+            self.lease_duration,
+            self.renew_deadline,
+            self.retry_period,
+        )
     }
 
     /// The Lease namespace: the flag, $POD_NAMESPACE, the service account's namespace, or

@@ -1,5 +1,5 @@
-//! The leadership lifecycle of one replica: the one place that opens and closes the fence,
-//! publishes the role, sets `leader_election_master_status`, runs the workers of a term,
+//! The term lifecycle of one Lease: the one place that opens and closes the fence,
+//! publishes the role, reports `leader_election_master_status`, runs the work of a term,
 //! and orders a shutdown.
 //!
 //! Invariants:
@@ -27,15 +27,15 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, info_span, warn};
 
-use crate::controller::Controller;
-use crate::fence::Fence;
-use crate::metrics::Metrics;
-use crate::reconcile::Context;
+use crate::fence::{Fence, Settled};
+use crate::observe::Observer;
 
 /// Leadership as the rest of the process sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// No term runs: the fence is closed.
     Follower,
+    /// A term runs: the fence is open until the renew deadline of the last renewal.
     Leader,
 }
 
@@ -61,11 +61,12 @@ impl Transition {
     }
 }
 
-/// Shared by the election (which reports terms) and the term loop (which runs them).
-#[derive(Debug, Clone)]
+/// One Lease's leadership, shared by the election (which reports terms) and the term loop
+/// (which runs them).
+#[derive(Clone)]
 pub struct Leadership {
     fence: Fence,
-    metrics: Arc<Metrics>,
+    observer: Arc<dyn Observer>,
     lease: String,
     identity: String,
     /// Whether the process is shutting down; its lock also orders every transition.
@@ -79,10 +80,10 @@ pub struct Leadership {
 
 impl Leadership {
     /// A follower with a closed fence, for the Lease `lease`.
-    pub fn new(fence: Fence, lease: &str, identity: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(fence: Fence, lease: &str, identity: &str, observer: Arc<dyn Observer>) -> Self {
         let leadership = Leadership {
             fence,
-            metrics,
+            observer,
             lease: lease.into(),
             identity: identity.into(),
             shut_down: Arc::default(),
@@ -115,7 +116,7 @@ impl Leadership {
     }
 
     /// Where the writes the term let through stand.
-    pub fn writes(&self) -> crate::fence::Settled {
+    pub fn writes(&self) -> Settled {
         self.fence.settled()
     }
 
@@ -126,7 +127,7 @@ impl Leadership {
     }
 
     fn set_status(&self, leading: bool) {
-        self.metrics.leading(&self.lease, leading);
+        self.observer.leading(&self.lease, leading);
     }
 
     /// Opens (or keeps open) the fence until `until`; begins a term if none runs. Does
@@ -143,7 +144,7 @@ impl Leadership {
         let span = info_span!("leader_election", transition = "acquired", identity = %self.identity, lease = %self.lease);
         let _entered = span.enter();
         info!(identity = %self.identity, lease = %self.lease, "acquired the Lease: leading");
-        self.metrics.became_leader();
+        self.observer.became_leader(&self.lease);
         self.set_status(true);
         self.running.send_replace(true);
         self.role.send_replace(Role::Leader);
@@ -179,27 +180,32 @@ impl Leadership {
     }
 }
 
-/// What a term runs.
-pub struct Terms {
-    pub controller: Arc<Controller>,
-    pub ctx: Arc<Context>,
-    pub workers_per_shard: usize,
-    /// The shard a term covers (scale-out mode), or `None` for all.
-    pub shard: Option<usize>,
-    /// How long a shutdown waits for the workers to stop.
-    pub grace: Duration,
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("lease", &self.lease)
+            .field("identity", &self.identity)
+            .field("role", &*self.role.borrow())
+            .finish_non_exhaustive()
+    }
 }
 
-/// Runs a term whenever this replica leads, until `stop` resolves; then shuts down in the
-/// order of the module doc. `election` is the election's task and its stop token.
-pub async fn run(
+/// Runs `term` whenever this replica leads, until `stop` resolves; then shuts down in the
+/// order of the module doc, waiting at most `grace` for the term to stop. `election` is
+/// the election's task and its stop token. A term is given a token cancelled when it
+/// ends; it must stop soon after (its writes are refused from that moment anyway).
+pub(crate) async fn run<T, F>(
     leadership: Leadership,
-    terms: Terms,
+    grace: Duration,
     election: (tokio::task::JoinHandle<()>, CancellationToken),
     stop: impl std::future::Future<Output = ()>,
-) {
+    mut term: T,
+) where
+    T: FnMut(CancellationToken) -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut role = leadership.subscribe();
-    let mut term: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
+    let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -208,19 +214,14 @@ pub async fn run(
                     break;
                 }
                 let now = *role.borrow_and_update();
-                match (now, term.is_some()) {
+                match (now, running.is_some()) {
                     (Role::Leader, false) => {
                         let cancel = CancellationToken::new();
-                        let (controller, ctx) = (terms.controller.clone(), terms.ctx.clone());
-                        let (workers, token) = (terms.workers_per_shard, cancel.clone());
-                        let (shard, lease) = (terms.shard, leadership.lease.clone());
-                        let handle = tokio::spawn(async move {
-                            controller.lead(ctx, workers, shard, &lease, token).await
-                        });
-                        term = Some((cancel, handle));
+                        let handle = tokio::spawn(term(cancel.clone()));
+                        running = Some((cancel, handle));
                     }
                     (Role::Follower, _) => {
-                        if let Some((cancel, handle)) = term.take() {
+                        if let Some((cancel, handle)) = running.take() {
                             cancel.cancel();
                             let _ = handle.await;
                         }
@@ -232,12 +233,12 @@ pub async fn run(
             _ = &mut stop => break,
         }
     }
-    info!("shutting down: stopping workers, then releasing the Lease");
+    info!("shutting down: stopping the term, then releasing the Lease");
     leadership.step_down(Transition::Shutdown, "shutting down");
-    if let Some((cancel, handle)) = term.take() {
+    if let Some((cancel, handle)) = running.take() {
         cancel.cancel();
-        if tokio::time::timeout(terms.grace, handle).await.is_err() {
-            warn!(grace = ?terms.grace, "workers did not stop within the grace period");
+        if tokio::time::timeout(grace, handle).await.is_err() {
+            warn!(?grace, "the term did not stop within the grace period");
         }
     }
     leadership.running.send_replace(false);
@@ -259,7 +260,7 @@ mod tests {
             fence.clone(),
             "leadership-test",
             "me",
-            Arc::new(Metrics::new()),
+            Arc::new(crate::observe::Silent),
         );
         let role = leadership.subscribe();
         let t = Instant::now();

@@ -18,6 +18,8 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use kube_leasehold::observe::{Observer, names};
+
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -211,7 +213,7 @@ impl Metrics {
                 m.queue_retries.clone(),
             );
             r.register(
-                "leader_election_master_status",
+                names::LEADER_ELECTION_MASTER_STATUS,
                 "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
                 m.leader_status.clone(),
             );
@@ -352,18 +354,6 @@ impl Metrics {
         }
     }
 
-    /// Whether this replica leads the Lease `lease` (`leader_election_master_status`).
-    pub fn leading(&self, lease: &str, leading: bool) {
-        self.leader_status
-            .get_or_create(&NameLabels { name: lease.into() })
-            .set(i64::from(leading));
-    }
-
-    /// This replica became leader.
-    pub fn became_leader(&self) {
-        self.leadership_transitions.inc();
-    }
-
     /// The current term of Lease `lease` reached takeover `phase` `seconds` after
     /// acquiring it.
     pub fn takeover(&self, lease: &str, phase: &'static str, seconds: f64) {
@@ -375,22 +365,10 @@ impl Metrics {
             .set(seconds);
     }
 
-    /// Scale-out mode: shards led and cached, and live members seen.
-    pub fn shards(&self, led: usize, cached: usize, members: usize) {
-        self.shards_led.set(led as i64);
-        self.shards_cached.set(cached as i64);
-        self.shard_members.set(members as i64);
-    }
-
     /// Scale-out mode: whether the API server filters by shard (`server`) or we do.
     pub fn shard_filter(&self, server_side: bool) {
         let mode = if server_side { "server" } else { "client" };
         self.shard_filter.get_or_create(&ModeLabels { mode }).set(1);
-    }
-
-    /// A Lease renewal succeeded after `took`.
-    pub fn lease_renewed(&self, took: Duration) {
-        self.lease_renew_seconds.observe(took.as_secs_f64());
     }
 
     /// An API request ended with `code` (a status, or `<error>`) after `took`.
@@ -652,6 +630,30 @@ impl ProcessStats {
             open_fds: std::fs::read_dir("/proc/self/fd").ok()?.count() as f64,
             max_fds,
         })
+    }
+}
+
+/// What the leadership core reports, into this registry.
+impl Observer for Metrics {
+    /// `leader_election_master_status{name}`.
+    fn leading(&self, lease: &str, leading: bool) {
+        self.leader_status
+            .get_or_create(&NameLabels { name: lease.into() })
+            .set(i64::from(leading));
+    }
+
+    fn became_leader(&self, _lease: &str) {
+        self.leadership_transitions.inc();
+    }
+
+    fn lease_renewed(&self, _lease: &str, took: Duration) {
+        self.lease_renew_seconds.observe(took.as_secs_f64());
+    }
+
+    fn shards(&self, led: usize, cached: usize, members: usize) {
+        self.shards_led.set(led as i64);
+        self.shards_cached.set(cached as i64);
+        self.shard_members.set(members as i64);
     }
 }
 

@@ -1,6 +1,6 @@
 //! Fencing: the proof of leadership that every write checks, and the deadline it carries.
 //!
-//! The leadership lifecycle ([`crate::leadership`]) extends the fence after each successful
+//! The leadership lifecycle ([`crate::term`]) extends the fence after each successful
 //! renew to `start of that renew + renew deadline` (on the monotonic clock) and revokes it
 //! when it steps down. A replica that is frozen or cut off therefore stops writing at the
 //! latest one renew deadline after its last successful renew, which is before any other
@@ -8,14 +8,14 @@
 //!
 //! A check before sending is not enough: a request can sit in a slow or overloaded API
 //! server, or in a client's retry loop, and be applied later. So the reconcile client's
-//! [`crate::kubeclient`] layer asks the fence for a [`Deadline`] for every write: the write
+//! [`crate::fence::client`] layer asks the fence for a [`Deadline`] for every write: the write
 //! is refused when the fence is closed, gives up on the client side at the fence's expiry,
 //! and carries the remaining time as the API server's `timeout` parameter, so the server
 //! does not apply it after that either (its deadline counts from when it received the
 //! request, so it ends at most one network transit after the fence: far inside the margin
 //! `lease duration - renew deadline` that followers wait beyond the fence). The check at
 //! the start of a write is repeated for every byte the write puts on its socket
-//! ([`crate::kubeclient::FencedIo`]), so a process paused between the two sends nothing
+//! ([`crate::fence::FencedIo`]), so a process paused between the two sends nothing
 //! when it wakes after the fence closed.
 //!
 //! A takeover that does not wait for the Lease to expire (a graceful release, a hand-off)
@@ -24,6 +24,13 @@
 //! may still be applied by the server until its deadline. [`Fence::settled`] tells when
 //! every write this fence let through is settled, and a release waits for that
 //! ([`crate::election`]), so no write of a released term takes effect after the release.
+
+mod client;
+
+pub use client::{
+    FenceExpired, FenceLayer, FenceService, FencedIo, WriteService, fenced_client, is_fenced,
+    write_service,
+};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -200,7 +207,7 @@ impl Fence {
     }
 
     /// Whether the fence is open at `now` (a write already let through may still send
-    /// its bytes; see [`crate::kubeclient::FencedIo`]).
+    /// its bytes; see [`crate::fence::FencedIo`]).
     pub fn is_open(&self, now: Instant) -> bool {
         self.0
             .lock()

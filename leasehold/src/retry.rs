@@ -1,7 +1,9 @@
 //! A watch's failures retried: kube's exponential backoff (0.8 s to 30 s), cut short and
-//! started over by the API server's return ([`crate::kubeclient::Reachability`]), with
-//! failures logged at a bounded rate.
+//! started over by the API server's return ([`Reachability`]), with failures logged at a
+//! bounded rate.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -12,6 +14,40 @@ use tracing::{debug, info, warn};
 
 use crate::throttle::{Throttle, Verdict};
 
+/// The returns of the API server: a counter that goes up whenever a request succeeds after
+/// one failed (transport error, 5xx or 429). Shared by every client of the process.
+#[derive(Debug, Clone)]
+pub struct Reachability {
+    down: Arc<AtomicBool>,
+    returns: Arc<watch::Sender<u64>>,
+}
+
+impl Default for Reachability {
+    fn default() -> Self {
+        Reachability {
+            down: Arc::default(),
+            returns: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+impl Reachability {
+    /// A receiver that sees every later return of the API server.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.returns.subscribe()
+    }
+
+    /// Records the outcome of one request (`None`: no response at all).
+    pub fn record(&self, status: Option<u16>) {
+        let failed = status.is_none_or(|s| s >= 500 || s == 429);
+        if failed {
+            self.down.store(true, Ordering::SeqCst);
+        } else if self.down.swap(false, Ordering::SeqCst) {
+            self.returns.send_modify(|n| *n += 1);
+        }
+    }
+}
+
 /// How often a watch that keeps failing is logged.
 const LOG_EVERY: Duration = Duration::from_secs(30);
 
@@ -19,7 +55,7 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 /// exponential backoff or until the API server answers again (`returns` moves), whichever
 /// comes first; a return also starts the backoff over. Failures are logged at a bounded
 /// rate.
-pub(crate) fn retried<K, S>(
+pub fn retried<K, S>(
     events: S,
     returns: watch::Receiver<u64>,
     kind: String,
@@ -81,8 +117,23 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kubeclient::Reachability;
     use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[test]
+    fn a_success_after_a_failure_counts_one_return() {
+        let r = Reachability::default();
+        let rx = r.subscribe();
+        r.record(Some(200));
+        assert_eq!(*rx.borrow(), 0, "no failure before: not a return");
+        r.record(None);
+        r.record(Some(503));
+        r.record(Some(429));
+        assert_eq!(*rx.borrow(), 0);
+        r.record(Some(404));
+        assert_eq!(*rx.borrow(), 1, "a 404 is an answer");
+        r.record(Some(200));
+        assert_eq!(*rx.borrow(), 1);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_watch_is_retried_as_soon_as_the_api_server_answers_again() {

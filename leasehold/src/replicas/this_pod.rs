@@ -9,7 +9,7 @@
 //!   deletion.
 //! - The Pod's uid and the process's instance token go on every Lease this replica writes,
 //!   so that followers can tell the holder's Pod from a later one of the same name, and its
-//!   process from a later one in the same container (see [`crate::crash`]).
+//!   process from a later one in the same container (see [`crate::replicas::exit`]).
 //! - The Pod's name and namespace: a replica watches its own Pod and its peers
 //!   ([`crate::replicas`]) and stops as soon as its Pod is being deleted, before the
 //!   kubelet's SIGTERM arrives, so a leader Pod's deletion hands over as fast as the API
@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::crash;
+use crate::replicas::exit;
 
 /// What the token says about this replica's Pod.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -33,16 +33,16 @@ pub struct PodInfo {
     pub namespace: String,
     pub uid: String,
     /// This process's instance token, announced in the container's termination message
-    /// ([`crate::crash`]); `None` when that failed (no crash proof is offered).
+    /// ([`crate::replicas::exit`]); `None` when that failed (no crash proof is offered).
     pub instance: Option<String>,
 }
 
 impl PodInfo {
     /// The annotations naming this replica's Pod and process on every Lease it writes.
     pub fn annotations(&self) -> BTreeMap<String, String> {
-        let mut annotations = BTreeMap::from([(crash::HOLDER_UID.into(), self.uid.clone())]);
+        let mut annotations = BTreeMap::from([(exit::HOLDER_UID.into(), self.uid.clone())]);
         if let Some(instance) = &self.instance {
-            annotations.insert(crash::HOLDER_INSTANCE.into(), instance.clone());
+            annotations.insert(exit::HOLDER_INSTANCE.into(), instance.clone());
         }
         annotations
     }

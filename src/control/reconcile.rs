@@ -14,7 +14,7 @@
 //! a reconcile that finds the world as desired makes no request at all (so a failover that
 //! re-reconciles every object causes no writes); every write is preceded by a fence check,
 //! and the client refuses, times out and bounds on the server every write past the fence
-//! (see [`crate::fence`]), Events included.
+//! (see [`kube_leasehold::fence`]), Events included.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,15 +29,15 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::cache::Caches;
-use crate::echo::{Echoes, Kind};
-use crate::events::{EventType, Publisher};
-use crate::fence::{Fence, NotLeader};
-use crate::key::ObjectKey;
-use crate::queue::Outcome;
+use crate::control::echo::{Echoes, Kind};
+use crate::control::events::{EventType, Publisher};
+use crate::control::key::ObjectKey;
+use crate::control::queue::Outcome;
 use crate::resource::{
     FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MyResource, MyResourceStatus, PodCounts,
 };
-use crate::shardkey::{BUCKET_LABEL, ShardKey, bucket_label, bucket_of};
+use kube_leasehold::fence::{Fence, NotLeader};
+use kube_leasehold::scaleout::shard_key::{BUCKET_LABEL, ShardKey, bucket_label, bucket_of};
 
 /// Everything a reconcile needs; shared by all workers.
 pub struct Context {
@@ -87,7 +87,7 @@ impl std::error::Error for Error {}
 impl From<kube::Error> for Error {
     fn from(err: kube::Error) -> Self {
         match err {
-            err if crate::kubeclient::is_fenced(&err) => Error::NotLeader,
+            err if kube_leasehold::fence::is_fenced(&err) => Error::NotLeader,
             kube::Error::Api(status) if is_namespace_terminating(&status) => {
                 Error::NamespaceTerminating(status.message)
             }
@@ -536,7 +536,7 @@ async fn publish(ctx: &Context, mr: &MyResource, type_: EventType, reason: &str,
         .events
         .publish(&regarding, type_, reason, "Reconcile", note)
         .await
-        && !crate::kubeclient::is_fenced(&err)
+        && !kube_leasehold::fence::is_fenced(&err)
     {
         warn!(myresource = %ObjectKey::of(mr), error = %err, "could not publish event");
     }

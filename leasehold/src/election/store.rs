@@ -1,0 +1,148 @@
+//! Where the election reads and writes its Lease: the [`LeaseStore`] seam, and its kube
+//! implementation [`KubeLeases`].
+//!
+//! The election's safety rests on two properties of a store, which the API server gives
+//! and a test double must give too: a `replace` succeeds only if the Lease still has the
+//! resourceVersion it carries (else [`StoreError::Conflict`]), and a `create` fails with
+//! [`StoreError::Conflict`] when the Lease exists. Everything else (timeouts, retries,
+//! when to watch) is the driver's.
+
+use std::future::Future;
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::{PostParams, WatchEvent, WatchParams};
+
+/// Why a store request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// 409: a replace whose resourceVersion is stale, or a create of an existing Lease.
+    Conflict,
+    /// 404: the Lease does not exist.
+    NotFound,
+    /// Anything else (transport, 5xx, 429, a refused request): the driver pauses a retry
+    /// period and tries again.
+    Other(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Conflict => f.write_str("conflict (409)"),
+            StoreError::NotFound => f.write_str("not found (404)"),
+            StoreError::Other(err) => f.write_str(err),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// What a watch of one Lease delivers.
+#[derive(Debug, Clone)]
+pub enum LeaseEvent {
+    /// The Lease was created or changed: its new state.
+    Applied(Box<Lease>),
+    /// The Lease was deleted.
+    Deleted,
+}
+
+/// A stream of one Lease's changes; it ends when the store ends the watch.
+pub type LeaseEvents = BoxStream<'static, Result<LeaseEvent, StoreError>>;
+
+/// The Leases of one namespace, as the election needs them. Implemented by [`KubeLeases`];
+/// a test or a simulation implements it over its own model of the API server.
+pub trait LeaseStore: Send + Sync + 'static {
+    /// The Lease `name`, or `None` when absent.
+    fn get(&self, name: &str) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
+
+    /// Creates `lease`; [`StoreError::Conflict`] when it exists.
+    fn create(&self, lease: &Lease) -> impl Future<Output = Result<Lease, StoreError>> + Send;
+
+    /// Replaces the Lease `lease` names if its resourceVersion is still the one `lease`
+    /// carries; [`StoreError::Conflict`] otherwise, [`StoreError::NotFound`] when absent.
+    fn replace(&self, lease: &Lease) -> impl Future<Output = Result<Lease, StoreError>> + Send;
+
+    /// Watches the Lease `name` from `resource_version` for at most `timeout_secs`.
+    fn watch(
+        &self,
+        name: &str,
+        resource_version: &str,
+        timeout_secs: u32,
+    ) -> impl Future<Output = Result<LeaseEvents, StoreError>> + Send;
+}
+
+/// The Leases of one namespace on a Kubernetes API server. Give it a client that does not
+/// retry by itself (`kube::Config::default_retry = false`): the driver bounds every
+/// request in time and retries on its own schedule.
+#[derive(Clone)]
+pub struct KubeLeases {
+    api: Api<Lease>,
+}
+
+impl KubeLeases {
+    /// The Leases `api` reaches (namespaced).
+    pub fn new(api: Api<Lease>) -> Self {
+        KubeLeases { api }
+    }
+}
+
+fn store_error(err: kube::Error) -> StoreError {
+    match &err {
+        kube::Error::Api(status) if status.code == 409 => StoreError::Conflict,
+        kube::Error::Api(status) if status.code == 404 => StoreError::NotFound,
+        _ => StoreError::Other(err.to_string()),
+    }
+}
+
+impl LeaseStore for KubeLeases {
+    async fn get(&self, name: &str) -> Result<Option<Lease>, StoreError> {
+        self.api.get_opt(name).await.map_err(store_error)
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Lease, StoreError> {
+        self.api
+            .create(&PostParams::default(), lease)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn replace(&self, lease: &Lease) -> Result<Lease, StoreError> {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        self.api
+            .replace(name, &PostParams::default(), lease)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn watch(
+        &self,
+        name: &str,
+        resource_version: &str,
+        timeout_secs: u32,
+    ) -> Result<LeaseEvents, StoreError> {
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(timeout_secs);
+        let events = self
+            .api
+            .watch(&params, resource_version)
+            .await
+            .map_err(store_error)?;
+        Ok(events
+            .map_err(store_error)
+            .filter_map(|event| async move {
+                match event {
+                    Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
+                        Some(Ok(LeaseEvent::Applied(Box::new(lease))))
+                    }
+                    Ok(WatchEvent::Deleted(_)) => Some(Ok(LeaseEvent::Deleted)),
+                    // An error event (410 Gone) is followed by the end of the stream.
+                    Ok(WatchEvent::Bookmark(_) | WatchEvent::Error(_)) => None,
+                    Err(err) => Some(Err(err)),
+                }
+            })
+            .boxed())
+    }
+}
