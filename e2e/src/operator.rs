@@ -35,19 +35,24 @@ pub fn binary() -> Result<PathBuf> {
 /// Builds the operator binary with a cargo profile (`release` for benchmarks, `profiling`
 /// for perf) and returns its path.
 pub fn built_with(profile: &str) -> Result<PathBuf> {
+    built(&[
+        "--package",
+        "myresource-operator",
+        "--bin",
+        "myresource-operator",
+        "--profile",
+        profile,
+    ])
+}
+
+/// Builds one executable of the workspace (`args`: which, e.g. `--example NAME`) and
+/// returns its path.
+pub fn built(args: &[&str]) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(workspace_root())
-        .args([
-            "build",
-            "--quiet",
-            "--package",
-            "myresource-operator",
-            "--bin",
-            "myresource-operator",
-            "--message-format=json",
-        ])
-        .args(["--profile", profile])
+        .args(["build", "--quiet", "--message-format=json"])
+        .args(args)
         .output()
         .context("running cargo build")?;
     if !out.status.success() {

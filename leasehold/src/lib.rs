@@ -80,6 +80,7 @@ pub mod retry;
 pub mod scaleout;
 pub mod term;
 mod throttle;
+pub mod warm;
 
 pub use candidate::{Campaign, Candidate};
 pub use election::{KubeLeases, Timings};
