@@ -71,6 +71,8 @@
 //! - [`observe`]: the metrics hook, with controller-runtime's names;
 //! - [`retry`]: watch retries that restart when the API server answers again.
 
+#![warn(missing_docs)]
+
 mod candidate;
 pub mod election;
 pub mod fence;

@@ -100,6 +100,8 @@ pub struct Elector {
 }
 
 impl Elector {
+    /// A follower that has seen nothing yet: `identity` standing for the Lease `name` in
+    /// `namespace`.
     pub fn new(identity: &str, name: &str, namespace: &str, timings: Timings) -> Self {
         Elector {
             identity: identity.into(),
@@ -126,7 +128,7 @@ impl Elector {
 
     /// The Pod this replica runs in, if any: every Lease it writes is then owned by the
     /// Pod's ServiceAccount (so it goes with the release) and names the Pod's uid (so
-    /// followers can match the holder's Pod, see [`crash`]).
+    /// followers can match the holder's Pod, see [`crate::replicas::exit`]).
     pub fn in_pod(mut self, pod: Option<PodInfo>) -> Self {
         self.pod = pod;
         self
@@ -157,14 +159,17 @@ impl Elector {
         (spec == &obs.spec).then(|| *seen + MAX_WRITE_TIME + SETTLE_MARGIN)
     }
 
+    /// Who this replica is (the holder it writes).
     pub fn identity(&self) -> &str {
         &self.identity
     }
 
+    /// The Lease's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The timings this replica runs with.
     pub fn timings(&self) -> Timings {
         self.timings
     }

@@ -3,7 +3,7 @@
 //!
 //! The decision logic ([`Elector`]) is pure: it is fed what was read and written, and the
 //! monotonic time, and says what to do next. The driver ([`Driver`]) does the I/O through a [`LeaseStore`] and tells
-//! [`Leadership`] (the one owner of the fence and the role) when a term begins, continues
+//! [`Leadership`](crate::term::Leadership) (the one owner of the fence and the role) when a term begins, continues
 //! or ends.
 //!
 //! Guarantees (with `lease_duration > renew_deadline > retry_period`, checked by
@@ -27,7 +27,7 @@
 //! - A graceful release (empty holder, `leaseDurationSeconds: 1`, a new renewTime: what
 //!   this driver and client-go's `ReleaseOnCancel` write after closing their fence) is
 //!   acquirable at once; followers watch the Lease, so they see it within one watch event.
-//!   A release may name a successor ([`succession`]): it takes the release at once, the
+//!   A release may name a successor ([`crate::replicas::succession`]): it takes the release at once, the
 //!   others stand back one retry period while it is live. Only liveness depends on it:
 //!   everyone acquires with the same compare-and-swap.
 //!   Any other way a holder disappears — the Lease deleted, or its holder cleared by a

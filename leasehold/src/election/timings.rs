@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+/// Lease timings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timings {
     /// How long followers wait, from observing the last change of the election record,

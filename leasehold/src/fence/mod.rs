@@ -8,7 +8,7 @@
 //!
 //! A check before sending is not enough: a request can sit in a slow or overloaded API
 //! server, or in a client's retry loop, and be applied later. So the reconcile client's
-//! [`crate::fence::client`] layer asks the fence for a [`Deadline`] for every write: the write
+//! fenced client ([`fenced_client`]) asks the fence for a [`Deadline`] for every write: the write
 //! is refused when the fence is closed, gives up on the client side at the fence's expiry,
 //! and carries the remaining time as the API server's `timeout` parameter, so the server
 //! does not apply it after that either (its deadline counts from when it received the
@@ -108,6 +108,7 @@ impl Write {
         self.settled = status < 500;
     }
 
+    /// Until when this write may take effect.
     pub fn deadline(&self) -> Deadline {
         self.deadline
     }
@@ -127,7 +128,9 @@ impl Drop for Write {
 /// How long a write that starts now may take: until the fence's expiry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
+    /// The fence's expiry.
     pub at: Instant,
+    /// The time left until it, when asked.
     pub remaining: Duration,
 }
 

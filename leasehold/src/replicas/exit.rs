@@ -63,7 +63,9 @@ pub fn announce_instance(path: &str) -> Result<String, String> {
 /// Who wrote a Lease, as its annotations say: the Pod's uid and the process's instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
+    /// The holder's Pod's uid (annotation [`HOLDER_UID`]).
     pub pod_uid: String,
+    /// The holder's process's instance token (annotation [`HOLDER_INSTANCE`]).
     pub instance: String,
 }
 
@@ -88,6 +90,7 @@ pub enum Exit {
 }
 
 impl Exit {
+    /// The word for logs.
     pub fn as_str(self) -> &'static str {
         match self {
             Exit::Terminated => "terminated",

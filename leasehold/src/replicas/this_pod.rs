@@ -29,8 +29,11 @@ use crate::replicas::exit;
 pub struct PodInfo {
     /// The Pod's ServiceAccount, as an owner reference.
     pub service_account: OwnerReference,
+    /// The Pod's name.
     pub name: String,
+    /// The Pod's namespace.
     pub namespace: String,
+    /// The Pod's uid.
     pub uid: String,
     /// This process's instance token, announced in the container's termination message
     /// ([`crate::replicas::exit`]); `None` when that failed (no crash proof is offered).

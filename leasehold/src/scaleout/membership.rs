@@ -169,6 +169,7 @@ impl Group {
         );
     }
 
+    /// Forgets a deleted Lease.
     pub fn forget(&mut self, name: &str) {
         self.leases.remove(name);
     }

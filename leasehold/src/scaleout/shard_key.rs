@@ -13,7 +13,7 @@
 //!   every server, gated or not. Buckets are what make a shard expressible both as a
 //!   `shardRange` and as a label set;
 //! - labelled Pods are not ours to label; they stay in the slim Pod index of every replica
-//!   (a few dozen bytes each, see [`crate::cache`]).
+//!   (the operator keeps a slim index of them on every replica).
 //!
 //! Invariants: the hash is the server's (`k8s.io/apimachinery/pkg/sharding`: FNV-1a 64 over
 //! the field's bytes, compared as `0x` + 16 hex digits), so a shard's `shardRange` selects
@@ -62,6 +62,7 @@ impl ShardKey {
         ShardKey { shards }
     }
 
+    /// How many shards there are.
     pub fn shards(&self) -> usize {
         self.shards
     }
