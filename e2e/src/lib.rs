@@ -7,6 +7,7 @@
 //! - [`cluster`]: starting and stopping one control plane in a folder;
 //! - [`node`]: a real node beside it (containerd, runc, CNI bridge, kubelet, kube-proxy);
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
+//! - [`prometheus`]: a Prometheus on loopback for the chart tests;
 //! - [`proxy`]: a loopback TCP proxy that tests cut to partition a replica;
 //! - [`overload_proxy`]: a loopback HTTPS proxy that plays an overloaded API server (429s
 //!   with `Retry-After`, writes delivered late);
@@ -39,6 +40,7 @@ pub mod operator_image;
 pub mod overload_proxy;
 pub mod pki;
 pub mod process;
+pub mod prometheus;
 pub mod proxy;
 pub mod shards;
 pub mod stats;
