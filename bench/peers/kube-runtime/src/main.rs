@@ -1,10 +1,16 @@
-//! The kube-runtime peer of `cargo xtask bench --peers`: the operator's job (see
-//! src/reconcile.rs) written the way kube's documentation and examples teach. A
-//! `kube_lease_manager::LeaseManager` elects the leader (its `watch()` channel, as in the
-//! crate's `jobs_logger` example); while leading, a `kube::runtime::Controller` for
-//! MyResource runs with reflector stores of the owned ConfigMaps and the labelled Pods
-//! (shared streams: `owns_shared_stream` and `watches_shared_stream`), creates or repairs the ConfigMap,
-//! writes the status when it changed, and publishes Events with kube's `Recorder`.
+//! The kube-runtime peers of `cargo xtask bench --peers`: the operator's job (see
+//! src/control/reconcile.rs) written the way kube's documentation and examples teach: a
+//! `kube::runtime::Controller` for MyResource with reflector stores of the owned ConfigMaps
+//! and the labelled Pods (shared streams: `owns_shared_stream` and `watches_shared_stream`)
+//! creates or repairs the ConfigMap, writes the status when it changed, and publishes Events
+//! with kube's `Recorder`. The same controller runs under one of two elections
+//! (`--election`):
+//! - `lease-manager`: a `kube_lease_manager::LeaseManager` (its `watch()` channel, as in the
+//!   crate's `jobs_logger` example); the controller and its reflectors start when this
+//!   replica leads;
+//! - `leasehold`: a `kube_leasehold::Candidate` (this workspace's crate): the reflectors run
+//!   on every replica from the start (`kube_leasehold::warm::Warm`), the controller runs
+//!   under each term on those warm stores, and writes go through the term's fenced client.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,10 +27,13 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, CustomResource, Resource, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
+use kube_leasehold::warm::Warm;
+use kube_leasehold::{Candidate, Fence, KubeLeases, Timings, fence::fenced_client};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 const POD_LABEL: &str = "trstringer.com/myresource";
@@ -66,15 +75,26 @@ pub struct PodCounts {
     ready: i32,
 }
 
+/// Which election runs the controller.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Election {
+    LeaseManager,
+    Leasehold,
+}
+
 /// Command line: `--kubeconfig=F --identity=I --namespace=NS --lease-duration=S --grace=S
-/// --concurrency=N`.
+/// --renew-deadline=S --retry-period=S --concurrency=N --election=lease-manager|leasehold`
+/// (kube-lease-manager has a duration and a grace; kube-leasehold client-go's three).
 struct Args {
     kubeconfig: Option<String>,
     identity: String,
     namespace: String,
     lease_duration: u64,
     grace: u64,
+    renew_deadline: u64,
+    retry_period: u64,
     concurrency: u16,
+    election: Election,
 }
 
 impl Args {
@@ -85,7 +105,10 @@ impl Args {
             namespace: "default".into(),
             lease_duration: 15,
             grace: 5,
+            renew_deadline: 10,
+            retry_period: 2,
             concurrency: 0,
+            election: Election::LeaseManager,
         };
         for arg in std::env::args().skip(1) {
             let (flag, value) = arg
@@ -98,6 +121,15 @@ impl Args {
                 "--lease-duration" => args.lease_duration = value.parse()?,
                 "--grace" => args.grace = value.parse()?,
                 "--concurrency" => args.concurrency = value.parse()?,
+                "--renew-deadline" => args.renew_deadline = value.parse()?,
+                "--retry-period" => args.retry_period = value.parse()?,
+                "--election" => {
+                    args.election = match value {
+                        "lease-manager" => Election::LeaseManager,
+                        "leasehold" => Election::Leasehold,
+                        _ => anyhow::bail!("--election is lease-manager or leasehold, not {value}"),
+                    }
+                }
                 _ => anyhow::bail!("unknown flag {flag}"),
             }
         }
@@ -153,8 +185,27 @@ async fn main() -> anyhow::Result<()> {
     config
         .headers
         .push((http::header::USER_AGENT, user_agent.parse()?));
-    let client = Client::try_from(config)?;
+    let client = Client::try_from(config.clone())?;
+    match args.election {
+        Election::LeaseManager => with_lease_manager(client, &args).await,
+        Election::Leasehold => with_leasehold(client, config, &args).await,
+    }
+}
 
+/// Resolves at SIGTERM or SIGINT.
+async fn stopped() -> anyhow::Result<()> {
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    Ok(())
+}
+
+/// kube-lease-manager elects; the controller and its reflectors start when this replica
+/// leads and are aborted when it stops leading.
+async fn with_lease_manager(client: Client, args: &Args) -> anyhow::Result<()> {
     let leases = LeaseManagerBuilder::new(client.clone(), LEASE_NAME)
         .with_namespace(&args.namespace)
         .with_identity(&args.identity)
@@ -163,8 +214,8 @@ async fn main() -> anyhow::Result<()> {
         .build()
         .await?;
     let (mut leading, lease_task) = leases.watch().await;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
+    let stop = stopped();
+    tokio::pin!(stop);
     let mut controller: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let is_leader = *leading.borrow_and_update();
@@ -186,8 +237,7 @@ async fn main() -> anyhow::Result<()> {
                     anyhow::bail!("the lease manager stopped");
                 }
             }
-            _ = terminate.recv() => break,
-            _ = interrupt.recv() => break,
+            _ = &mut stop => break,
         }
     }
     info!("shutting down: releasing the Lease");
@@ -200,7 +250,8 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The controller, for as long as this replica leads.
+/// The controller, for as long as this replica leads (kube-lease-manager): its reflectors
+/// start with it, so each term lists everything first.
 async fn run_controller(client: Client, ns: String, identity: String, concurrency: u16) {
     let mrs: Api<MyResource> = Api::namespaced(client.clone(), &ns);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
@@ -210,27 +261,17 @@ async fn run_controller(client: Client, ns: String, identity: String, concurrenc
     // here, its store read by the reconciler, its subscriber a trigger of the Controller.
     let (configmaps, cm_writer) = reflector::store_shared(1024);
     let cm_trigger = cm_writer.subscribe().expect("a shared store");
-    let cm_stream = watcher(
-        cms,
-        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
-    )
-    .default_backoff()
-    .reflect_shared(cm_writer)
-    .for_each(|_| futures::future::ready(()));
+    let cm_stream = watcher(cms, configmaps_config())
+        .default_backoff()
+        .reflect_shared(cm_writer)
+        .for_each(|_| futures::future::ready(()));
     let (pod_store, pod_writer) = reflector::store_shared(1024);
     let pod_trigger = pod_writer.subscribe().expect("a shared store");
-    let pod_stream = watcher(pods, watcher::Config::default().labels(POD_LABEL))
+    let pod_stream = watcher(pods, pods_config())
         .default_backoff()
         .reflect_shared(pod_writer)
         .for_each(|_| futures::future::ready(()));
 
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "myresource-operator".into(),
-            instance: Some(identity),
-        },
-    );
     let controller = async {
         // Reconciles read these stores: start once they hold the full state.
         if configmaps.wait_until_ready().await.is_err()
@@ -239,25 +280,17 @@ async fn run_controller(client: Client, ns: String, identity: String, concurrenc
             return;
         }
         let context = Arc::new(Context {
+            recorder: recorder(client.clone(), identity),
             client,
-            recorder,
             configmaps,
             pods: pod_store,
         });
         Controller::new(mrs, watcher::Config::default())
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
             .owns_shared_stream(cm_trigger)
-            .watches_shared_stream(pod_trigger, |pod: Arc<Pod>| {
-                let owner = pod.labels().get(POD_LABEL)?.clone();
-                Some(ObjectRef::new(&owner).within(&pod.namespace()?))
-            })
+            .watches_shared_stream(pod_trigger, pod_owner)
             .run(reconcile, error_policy, context)
-            .for_each(|result| {
-                if let Err(err) = result {
-                    warn!(error = %err, "reconcile failed");
-                }
-                futures::future::ready(())
-            })
+            .for_each(log_failure)
             .await;
     };
     tokio::select! {
@@ -265,6 +298,105 @@ async fn run_controller(client: Client, ns: String, identity: String, concurrenc
         _ = pod_stream => {},
         _ = controller => {},
     }
+}
+
+/// kube-leasehold elects; the reflectors run on every replica from the start, and each term
+/// runs the controller on their warm stores with the term's fenced client.
+async fn with_leasehold(client: Client, config: kube::Config, args: &Args) -> anyhow::Result<()> {
+    let ns = &args.namespace;
+    let mrs = Arc::new(Warm::start(
+        Api::<MyResource>::namespaced(client.clone(), ns),
+        watcher::Config::default(),
+    ));
+    let cms = Arc::new(Warm::start(
+        Api::<ConfigMap>::namespaced(client.clone(), ns),
+        configmaps_config(),
+    ));
+    let pods = Arc::new(Warm::start(
+        Api::<Pod>::namespaced(client.clone(), ns),
+        pods_config(),
+    ));
+    let timings = Timings::new(
+        Duration::from_secs(args.lease_duration),
+        Duration::from_secs(args.renew_deadline),
+        Duration::from_secs(args.retry_period),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let fence = Fence::default();
+    let fenced = fenced_client(&config, fence.clone())?;
+    let leases = KubeLeases::new(Api::namespaced(client, ns));
+    let campaign =
+        Candidate::new(&args.identity, LEASE_NAME, ns.clone(), timings).spawn(leases, fence);
+    let (identity, concurrency) = (args.identity.clone(), args.concurrency);
+    let term = move |ended: CancellationToken| {
+        let (mrs, cms, pods) = (mrs.clone(), cms.clone(), pods.clone());
+        let (client, identity) = (fenced.clone(), identity.clone());
+        async move {
+            let ready = async {
+                mrs.store().wait_until_ready().await.is_ok()
+                    && cms.store().wait_until_ready().await.is_ok()
+                    && pods.store().wait_until_ready().await.is_ok()
+            };
+            tokio::select! {
+                _ = ended.cancelled() => return,
+                ready = ready => if !ready { return },
+            }
+            let context = Arc::new(Context {
+                recorder: recorder(client.clone(), identity),
+                client,
+                configmaps: cms.store(),
+                pods: pods.store(),
+            });
+            Controller::for_shared_stream(mrs.trigger(), mrs.store())
+                .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+                .owns_shared_stream(cms.trigger())
+                .watches_shared_stream(pods.trigger(), pod_owner)
+                .graceful_shutdown_on(async move { ended.cancelled().await })
+                .run(reconcile, error_policy, context)
+                .for_each(log_failure)
+                .await;
+        }
+    };
+    let stop = async {
+        if let Err(err) = stopped().await {
+            warn!(error = %err, "cannot wait for signals; stopping");
+        }
+    };
+    campaign
+        .run(Duration::from_secs(args.grace), stop, term)
+        .await;
+    Ok(())
+}
+
+fn configmaps_config() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"))
+}
+
+fn pods_config() -> watcher::Config {
+    watcher::Config::default().labels(POD_LABEL)
+}
+
+fn recorder(client: Client, identity: String) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: "myresource-operator".into(),
+            instance: Some(identity),
+        },
+    )
+}
+
+/// The MyResource a labelled Pod belongs to.
+fn pod_owner(pod: Arc<Pod>) -> Option<ObjectRef<MyResource>> {
+    let owner = pod.labels().get(POD_LABEL)?.clone();
+    Some(ObjectRef::new(&owner).within(&pod.namespace()?))
+}
+
+fn log_failure<T, E: std::fmt::Display>(result: Result<T, E>) -> futures::future::Ready<()> {
+    if let Err(err) = result {
+        warn!(error = %err, "reconcile failed");
+    }
+    futures::future::ready(())
 }
 
 fn error_policy(_mr: Arc<MyResource>, _err: &Error, _ctx: Arc<Context>) -> Action {

@@ -52,30 +52,59 @@ fn controller_runtime(src: &Path) -> Result<PathBuf> {
 fn kube_runtime(src: &Path) -> Result<PathBuf> {
     let name = "kube-runtime-peer";
     let target_dir = e2e::binaries::cache_root().join("peers/kube-runtime-target");
-    cached(
-        src,
-        &["Cargo.toml", "Cargo.lock", "src/main.rs"],
-        name,
-        |out| {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .args([
-                    "build",
-                    "--release",
-                    "--locked",
-                    "--quiet",
-                    "--manifest-path",
-                ])
-                .arg(src.join("Cargo.toml"))
-                .arg("--target-dir")
-                .arg(&target_dir)
-                .status()
-                .context("running cargo build")?;
-            anyhow::ensure!(status.success(), "cargo build of {} failed", src.display());
-            std::fs::copy(target_dir.join("release").join(name), out)?;
-            Ok(())
-        },
-    )
+    // Its sources, and kube-leasehold's (a path dependency), named relative to `src`.
+    let mut files: Vec<String> = ["Cargo.toml", "Cargo.lock", "src/main.rs"]
+        .map(String::from)
+        .to_vec();
+    let crate_dir = "../../../leasehold";
+    files.push(format!("{crate_dir}/Cargo.toml"));
+    files.push("../../../Cargo.toml".into());
+    files.extend(
+        rust_files(&src.join(crate_dir).join("src"))?
+            .into_iter()
+            .map(|f| format!("{crate_dir}/src/{f}")),
+    );
+    let files: Vec<&str> = files.iter().map(String::as_str).collect();
+    cached(src, &files, name, |out| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "--locked",
+                "--quiet",
+                "--manifest-path",
+            ])
+            .arg(src.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .status()
+            .context("running cargo build")?;
+        anyhow::ensure!(status.success(), "cargo build of {} failed", src.display());
+        std::fs::copy(target_dir.join("release").join(name), out)?;
+        Ok(())
+    })
+}
+
+/// The `.rs` files under `dir`, relative to it, sorted (a stable cache key).
+fn rust_files(dir: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in
+            std::fs::read_dir(&folder).with_context(|| format!("reading {}", folder.display()))?
+        {
+            let path = entry?.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(dir)?.to_string_lossy().into_owned();
+                found.push(relative);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
 }
 
 /// `<cache>/peers/<name>-<hash of files>/<name>`, built by `build` (into the path it is

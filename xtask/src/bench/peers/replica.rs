@@ -24,13 +24,16 @@ pub(super) enum Peer {
     ControllerRuntime,
     ControllerRuntimeWarmup,
     KubeRuntime,
+    /// The same kube-runtime `Controller` under this workspace's kube-leasehold.
+    KubeRuntimeLeasehold,
 }
 
-pub(super) const PEERS: [Peer; 4] = [
+pub(super) const PEERS: [Peer; 5] = [
     Peer::Ours,
     Peer::ControllerRuntime,
     Peer::ControllerRuntimeWarmup,
     Peer::KubeRuntime,
+    Peer::KubeRuntimeLeasehold,
 ];
 
 impl Peer {
@@ -41,6 +44,7 @@ impl Peer {
             Peer::ControllerRuntime => "cr",
             Peer::ControllerRuntimeWarmup => "cr-warmup",
             Peer::KubeRuntime => "kube-runtime",
+            Peer::KubeRuntimeLeasehold => "kube-runtime-leasehold",
         }
     }
 
@@ -51,6 +55,7 @@ impl Peer {
             Peer::ControllerRuntime => "controller-runtime v0.25.3",
             Peer::ControllerRuntimeWarmup => "controller-runtime v0.25.3, EnableWarmup",
             Peer::KubeRuntime => "kube-runtime 5.0.0 + kube-lease-manager 0.13.1",
+            Peer::KubeRuntimeLeasehold => "kube-runtime 5.0.0 + kube-leasehold 0.1.0",
         }
     }
 }
@@ -90,7 +95,7 @@ impl Replica {
         process.wait_for_exit(Duration::from_secs(10));
     }
 
-    /// Whether it has logged that it acquired the Lease (ours and the kube-runtime peer:
+    /// Whether it has logged that it acquired the Lease (ours and the kube-runtime peers:
     /// "acquired the Lease: leading"; controller-runtime: "Successfully acquired lease").
     pub(super) fn has_led(&mut self) -> bool {
         let log = std::fs::read_to_string(&self.process().log).unwrap_or_default();
@@ -164,6 +169,23 @@ impl Bench {
                 .arg(format!("--namespace={ns}"))
                 .arg(format!("--lease-duration={lease}"))
                 .arg(format!("--grace={}", lease - retry))
+                .arg(format!("--concurrency={CONCURRENCY}"));
+            }
+            Peer::KubeRuntimeLeasehold => {
+                // The same binary and controller, with client-go's three timings and a
+                // 5 s grace for a term's controller to stop at shutdown.
+                cmd = Command::new(&binaries.kube_runtime);
+                cmd.arg(format!(
+                    "--kubeconfig={}",
+                    self.cluster.kubeconfig.display()
+                ))
+                .arg(format!("--identity={identity}"))
+                .arg(format!("--namespace={ns}"))
+                .arg("--election=leasehold")
+                .arg(format!("--lease-duration={lease}"))
+                .arg(format!("--renew-deadline={renew}"))
+                .arg(format!("--retry-period={retry}"))
+                .arg("--grace=5")
                 .arg(format!("--concurrency={CONCURRENCY}"));
             }
         }
