@@ -31,7 +31,8 @@
 //!   Events;
 //! - [`scaleout`]: scale-out mode's wiring onto `kube_leasehold::scaleout`;
 //! - [`infra`]: command line, clients, metrics, telemetry, HTTP endpoints;
-//! - [`resource`]: the `MyResource` custom resource.
+//! - [`resource`], [`key`]: the `MyResource` custom resource, and the `namespace/name` key
+//!   every part passes around.
 //!
 //! `main` only wires: it makes the one [`infra::metrics::Metrics`] and hands it to the parts
 //! that record, and it builds the chain caches → [`control::echo::EchoFilter`] →
@@ -40,5 +41,6 @@
 pub mod cache;
 pub mod control;
 pub mod infra;
+pub mod key;
 pub mod resource;
 pub mod scaleout;

@@ -13,8 +13,9 @@ use std::sync::{Mutex, OnceLock};
 use anyhow::{Result, anyhow};
 use kube::Client;
 
-use crate::cluster::{Cluster, ClusterConfig, client_for, write_kubeconfig_via};
+use crate::cluster::{Cluster, ClusterConfig};
 use crate::jaeger::{Jaeger, JaegerApi};
+use crate::kubeconfig::{client_for, write_kubeconfig_via};
 use crate::operator::{Operator, OperatorConfig};
 use crate::process::Lifetime;
 

@@ -11,8 +11,8 @@ use anyhow::{Context, Result, bail};
 use kube_leasehold::scaleout::selector::encode_query_value;
 use serde_json::{Value, json};
 
-use crate::cluster::free_port;
 use crate::operator::http_get;
+use crate::ports::free_port;
 use crate::process::{Lifetime, Process, spawn};
 
 /// A running Jaeger.

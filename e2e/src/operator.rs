@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cluster::free_port;
 use crate::lease::Timings;
+use crate::ports::free_port;
 use crate::process::{Lifetime, Process, spawn};
 use crate::wait::poll;
 

@@ -104,7 +104,7 @@ impl OverloadProxy {
         serving_cert: &Path,
         serving_key: &Path,
     ) -> Result<OverloadProxy> {
-        let config = crate::cluster::config_for(kubeconfig).await?;
+        let config = crate::kubeconfig::config_for(kubeconfig).await?;
         let upstream: SocketAddr = format!(
             "{}:{}",
             config.cluster_url.host().unwrap_or_default(),

@@ -52,7 +52,7 @@ impl Prometheus {
             serde_json::to_vec_pretty(&config)?,
         )?;
         let addr: std::net::SocketAddr =
-            format!("127.0.0.1:{}", crate::cluster::free_port()?).parse()?;
+            format!("127.0.0.1:{}", crate::ports::free_port()?).parse()?;
         let mut cmd = Command::new(server);
         cmd.arg(format!(
             "--config.file={}",

@@ -158,7 +158,7 @@ async fn audit_log_records_a_write_with_its_user_agent() -> Result<()> {
         namespace, shared, ..
     } = harness::setup("audit").await?;
     let user_agent = format!("e2e-audit-probe/{namespace}");
-    let mut config = e2e::cluster::config_for(&shared.kubeconfig).await?;
+    let mut config = e2e::kubeconfig::config_for(&shared.kubeconfig).await?;
     config
         .headers
         .push((http::header::USER_AGENT, user_agent.parse()?));
@@ -194,7 +194,7 @@ async fn audit_log_records_a_write_with_its_user_agent() -> Result<()> {
 async fn non_admin_user_is_authenticated_but_not_authorized() -> Result<()> {
     let TestEnv { shared, .. } = harness::setup("rbac").await?;
     let user_kubeconfig = shared.kubeconfig.with_file_name("user.kubeconfig");
-    let client = e2e::cluster::client_for(&user_kubeconfig).await?;
+    let client = e2e::kubeconfig::client_for(&user_kubeconfig).await?;
     let err = Api::<ConfigMap>::namespaced(client, "default")
         .list(&Default::default())
         .await

@@ -10,23 +10,27 @@
 //! use std::time::Duration;
 //! use k8s_openapi::api::coordination::v1::Lease;
 //! use kube_leasehold::{Candidate, Fence, KubeLeases, Timings, fence::fenced_client};
+//! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = kube::Config::infer().await?;
-//! let leases = kube::Api::<Lease>::namespaced(kube::Client::try_from(config.clone())?, "default");
+//! let client = kube::Client::try_from(config.clone())?;
+//! let leases = kube::Api::<Lease>::namespaced(client, "default");
 //! let fence = Fence::default();
 //! // The term's writes go through this client: refused as soon as the term ends.
-//! let client = fenced_client(&config, fence.clone())?;
+//! let fenced = fenced_client(&config, fence.clone())?;
+//! let term = move |ended: CancellationToken| {
+//!     let fenced = fenced.clone();
+//!     async move {
+//!         // Your controller, writing with `fenced`, until `ended` is cancelled.
+//!         ended.cancelled().await;
+//!         drop(fenced);
+//!     }
+//! };
+//! let stop = async { tokio::signal::ctrl_c().await.unwrap_or_default() };
 //! Candidate::new("replica-a", "my-controller", "default", Timings::default())
 //!     .spawn(KubeLeases::new(leases), fence)
-//!     .run(Duration::from_secs(10), async { let _ = tokio::signal::ctrl_c().await; }, move |ended| {
-//!         let client = client.clone();
-//!         async move {
-//!             // Your controller, with `client`, until `ended` is cancelled.
-//!             ended.cancelled().await;
-//!             drop(client);
-//!         }
-//!     })
+//!     .run(Duration::from_secs(10), stop, term)
 //!     .await;
 //! # Ok(()) }
 //! ```
@@ -59,6 +63,14 @@
 //!   [`fence::MAX_WRITE_TIME`]; a process paused *between* its fence check and the kernel
 //!   taking its bytes is not fenced.
 //! - Writes made with any client other than the fenced one are not fenced.
+//! - The crash proof needs, in each Pod, the process to announce its instance in its
+//!   container's termination message ([`replicas::exit::announce_instance`], the default
+//!   `terminationMessagePath` with `terminationMessagePolicy: File`), the Pod's
+//!   ServiceAccount token mounted ([`replicas::this_pod::this_pod`]) and the right to
+//!   watch the replicas' Pods. Without them, and outside a Pod, a crash is taken over when
+//!   the lease expires. It trusts whoever may write `pods/status`, as the cluster does.
+//! - In scale-out mode the plan only steers: replicas that disagree about who is live may
+//!   leave a shard unled for up to a lease duration, never led twice.
 //!
 //! # Parts
 //!
@@ -69,7 +81,8 @@
 //! - [`replicas`]: this Pod, the replicas' Pods, the crash proof, successor hand-off;
 //! - [`scaleout`]: shard keys and selectors, the plan, membership, a shard group;
 //! - [`observe`]: the metrics hook, with controller-runtime's names;
-//! - [`retry`]: watch retries that restart when the API server answers again.
+//! - [`retry`]: watch retries that restart when the API server answers again;
+//! - [`warm`]: warm reflector stores that a kube-runtime `Controller` starts each term on.
 
 #![warn(missing_docs)]
 

@@ -17,8 +17,8 @@
 //! period of the election's first successful request, not at the backoff's cap (client-go's
 //! reflectors wait out the same 30 s cap).
 //!
-//! In scale-out mode ([`crate::scaleout`]) MyResources and ConfigMaps are watched per shard
-//! ([`Caches::watch_shards`]): a shard's MyResource watch carries the API server's
+//! In scale-out mode (steered by the shard plan through the operator's scale-out module)
+//! MyResources and ConfigMaps are watched per shard ([`Caches::watch_shards`]): a shard's MyResource watch carries the API server's
 //! `shardSelector` (or, where that is not served, lists everything and keeps the shard's),
 //! its ConfigMap watch selects the shard's bucket labels; each shard has its own stores and
 //! its own "listed" flag ([`Caches::warm_shards`]). The slim Pod index stays whole.
@@ -54,7 +54,7 @@ use kube_leasehold::retry::{Reachability, retried};
 use kube_leasehold::scaleout::ShardKey;
 use kube_leasehold::scaleout::selector::with_query;
 
-use crate::control::key::ObjectKey;
+use crate::key::ObjectKey;
 use crate::resource::{MANAGED_BY, MANAGED_BY_LABEL, MyResource, POD_LABEL};
 
 /// Why a key was reported.

@@ -12,7 +12,7 @@ use tracing::info;
 
 use super::Observed;
 use super::reflect::Mirror;
-use crate::control::key::ObjectKey;
+use crate::key::ObjectKey;
 use crate::resource::{POD_LABEL, PodCounts};
 
 /// One Pod as the operator sees it.

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tracing::{debug, info};
 
 use super::{Change, Observed, Sink, Trigger};
-use crate::control::key::ObjectKey;
+use crate::key::ObjectKey;
 
 /// Where one watch's events land.
 pub(super) trait Mirror<K> {

@@ -7,7 +7,7 @@ use kube::Resource;
 use kube::runtime::reflector::{self, Store};
 
 use super::Scope;
-use crate::control::key::ObjectKey;
+use crate::key::ObjectKey;
 
 /// A reflector store per watched scope.
 ///

@@ -28,11 +28,11 @@ use tracing::{Instrument, debug, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::cache::{Caches, Change, Sink, Trigger};
-use crate::control::key::ObjectKey;
 use crate::control::partition::{Shard, Shards, shard_of};
 use crate::control::queue::Outcome;
 use crate::control::reconcile::{Context, Error, reconcile};
 use crate::infra::metrics::{Metrics, QueueState, ReconcileResult};
+use crate::key::ObjectKey;
 use kube_leasehold::scaleout::shard_key::ShardKey;
 
 /// How long a reconcile in flight when its term ends may go on: enough for the answers to

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::cache::{Change, Observed, Sink, Trigger};
-use crate::control::key::ObjectKey;
+use crate::key::ObjectKey;
 
 /// The kinds the operator writes and watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

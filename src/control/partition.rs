@@ -11,9 +11,9 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::control::key::ObjectKey;
 use crate::control::queue::{Backoff, Outcome, Popped, Queue};
 use crate::infra::metrics::QueueState;
+use crate::key::ObjectKey;
 
 /// FNV-1a over `namespace/name`, reduced to a shard index.
 pub fn shard_of(key: &ObjectKey, shards: usize) -> usize {

@@ -31,8 +31,8 @@ use tracing::{debug, info, warn};
 use crate::cache::Caches;
 use crate::control::echo::{Echoes, Kind};
 use crate::control::events::{EventType, Publisher};
-use crate::control::key::ObjectKey;
 use crate::control::queue::Outcome;
+use crate::key::ObjectKey;
 use crate::resource::{
     FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MyResource, MyResourceStatus, PodCounts,
 };

@@ -1,7 +1,7 @@
 //! `cargo xtask …`: the project's task runner.
 //!
 //! - `cluster up|down [--dir DIR] [--node]`: a local control plane that outlives the command,
-//!   with a real node when asked; `cluster probe runc|kubelet`: NODE.md's fail-fast checks;
+//!   with a real node when asked; `cluster probe runc|kubelet`: docs/node-facts.md's fail-fast checks;
 //! - `test`: every test (unit and end-to-end against a real control plane), twelve seeded
 //!   chaos rounds (one of each fault kind), eleven in scale-out mode and six in-cluster ones,
 //!   the demo once with an empty binaries cache (the first-use path), then a check that no
@@ -97,7 +97,7 @@ enum ClusterAction {
         #[arg(long, default_value_os_t = default_cluster_dir())]
         dir: PathBuf,
     },
-    /// NODE.md's fail-fast checks of a real node, each on a throwaway node in DIR that is
+    /// docs/node-facts.md's fail-fast checks of a real node, each on a throwaway node in DIR that is
     /// torn down afterwards: `runc` (ctr run with seccomp, memory limit, user 65532) or
     /// `kubelet` (the kubelet standalone with a static Pod on the CNI bridge).
     Probe {

@@ -1,6 +1,6 @@
 //! The kubelet's configuration and command line, and the kernel settings it rewrites.
 //!
-//! On this machine (NODE.md): cgroup v1 needs `failCgroupV1: false`; no systemd, so the
+//! On this machine (docs/node-facts.md): cgroup v1 needs `failCgroupV1: false`; no systemd, so the
 //! `cgroupfs` driver with `cgroupRoot` inside the starting process's memory cgroup; no
 //! CAP_SYS_RESOURCE, so `oomScoreAdj: 0`; swap and the host's resolv.conf are ignored; the
 //! read-only port is off; image GC and disk eviction are relaxed as kind does (a shared,

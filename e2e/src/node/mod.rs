@@ -5,7 +5,7 @@
 //! Parts: [`cgroup`] (the node's cgroup subtree), [`runtime`] (containerd), [`image`]
 //! (docker-archives written here, imported without a registry), [`network`] (bridge, CNI,
 //! filter rules), [`kubelet`] (its config and the kernel settings it rewrites), [`probe`]
-//! (the fail-fast checks of NODE.md: runc alone, the kubelet standalone).
+//! (the fail-fast checks of docs/node-facts.md: runc alone, the kubelet standalone).
 //!
 //! Invariants:
 //! - Everything the node writes lies under its folder (`<cluster>/node`), except what
@@ -28,7 +28,6 @@
 
 pub mod cgroup;
 pub mod image;
-pub mod join;
 pub mod kubelet;
 pub mod network;
 pub mod probe;

@@ -1,4 +1,4 @@
-//! NODE.md's fail-fast checks, each on a node of its own in a folder of its own, torn down
+//! docs/node-facts.md's fail-fast checks, each on a node of its own in a folder of its own, torn down
 //! afterwards whatever the outcome:
 //! 1. [`runc_alone`]: `ctr run` with seccomp, a memory limit and user 65532 of a tiny static
 //!    test image, then an allocation over the limit (runc on cgroup v1, seccomp, overlayfs
@@ -112,7 +112,7 @@ fn start_containerd(node: &Node, started: &mut Started) -> Result<()> {
         .wait_ready(&node.bin, || started.alive("containerd"))
 }
 
-/// NODE.md step 1: runc alone through `ctr run` (see the module doc). Returns a report.
+/// docs/node-facts.md step 1: runc alone through `ctr run` (see the module doc). Returns a report.
 pub fn runc_alone(dir: &Path) -> Result<String> {
     with_node(dir, |node, started| {
         start_containerd(node, started)?;
@@ -168,7 +168,7 @@ pub fn runc_alone(dir: &Path) -> Result<String> {
     })
 }
 
-/// NODE.md step 2: the kubelet with no API server runs a static Pod (non-root, seccomp
+/// docs/node-facts.md step 2: the kubelet with no API server runs a static Pod (non-root, seccomp
 /// RuntimeDefault, a memory limit) on the CNI bridge. Returns a report.
 pub fn kubelet_standalone(dir: &Path) -> Result<String> {
     with_node(dir, |node, started| {
@@ -248,8 +248,8 @@ pub fn kubelet_settings(
         static_pods,
         api,
         pod_cidr: network::POD_CIDR.into(),
-        port: crate::cluster::free_port().unwrap_or(10250),
-        healthz_port: crate::cluster::free_port().unwrap_or(10248),
+        port: crate::ports::free_port().unwrap_or(10250),
+        healthz_port: crate::ports::free_port().unwrap_or(10248),
     }
 }
 

@@ -2,7 +2,7 @@
 //! folder; runc (built with seccomp) as its runtime; the locally built pause image pinned as
 //! the sandbox image, so nothing is ever pulled.
 //!
-//! Settings that matter on this machine (NODE.md):
+//! Settings that matter on this machine (docs/node-facts.md):
 //! - `restrict_oom_score_adj = true`: no process here holds CAP_SYS_RESOURCE, so no
 //!   container may get an oom_score_adj below containerd's own;
 //! - `netns_mounts_under_state_dir = true` and runc's `Root` in the state folder: Pod network

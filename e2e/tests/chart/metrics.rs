@@ -195,7 +195,7 @@ async fn replicas_with_the_charts_rbac_are_scraped_by_prometheus() -> Result<()>
     );
     assert_nothing_forbidden(&replicas);
     // … and anything outside them is denied.
-    let sa_client = e2e::cluster::client_for(&kubeconfig).await?;
+    let sa_client = e2e::kubeconfig::client_for(&kubeconfig).await?;
     let err = Api::<Secret>::namespaced(sa_client, &ns)
         .list(&Default::default())
         .await

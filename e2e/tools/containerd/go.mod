@@ -1,5 +1,5 @@
 // Wrapper module that builds containerd, its runc shim and ctr for the local node
-// (NODE.md: Debian's containerd 1.6 lacks the CRI RuntimeConfig call; v2.3 is the LTS line).
+// (docs/node-facts.md: Debian's containerd 1.6 lacks the CRI RuntimeConfig call; v2.3 is the LTS line).
 module myresource-operator/e2e/tools/containerd
 
 go 1.26.8

@@ -1,6 +1,6 @@
 // Wrapper module that builds kube-apiserver, kube-controller-manager, kube-scheduler,
 // kubelet, kube-proxy and kubectl from the published k8s.io/kubernetes module (see
-// CONTROLPLANE.md: the upstream go.mod replaces every staging module with a local path,
+// docs/controlplane-facts.md: the upstream go.mod replaces every staging module with a local path,
 // so go install refuses it).
 module myresource-operator/e2e/tools/kubernetes
 

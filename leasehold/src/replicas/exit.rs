@@ -8,10 +8,11 @@
 //! restarted, its `lastState`); a new container instance gets a new, empty file. The holder
 //! writes its Pod's uid and its instance on every Lease write ([`Holder`]). A follower
 //! takes the current record's term as ended when the holder's Pod — the one with that uid,
-//! by name and uid — reports a termination of its operator container whose message names
-//! that instance: exactly the process that wrote the record has exited. A running container
-//! whose last termination names it has been restarted ([`Exit::Restarted`]); a restarted
-//! process never continues a record it did not write (see [`crate::election`]).
+//! by name and uid — reports a termination of a container whose message names that
+//! instance (the token is random per process, so only the holder's container's can):
+//! exactly the process that wrote the record has exited. A running container whose last
+//! termination names it has been restarted ([`Exit::Restarted`]); a restarted process
+//! never continues a record it did not write (see [`crate::election`]).
 //!
 //! No clock is compared: not the record's `acquireTime`, not the container's `startedAt`
 //! or `finishedAt`, so a clock stepped back on the holder's node cannot make a live holder
@@ -36,14 +37,12 @@ pub const HOLDER_UID: &str = "trstringer.com/holder-pod-uid";
 /// The Lease annotation naming the holder process's instance token.
 pub const HOLDER_INSTANCE: &str = "trstringer.com/holder-instance";
 
-/// The container that runs the operator in the chart's Pods (when a Pod has several).
-pub const CONTAINER: &str = "operator";
-
 /// Where the kubelet mounts the container's termination message file (the default
 /// `terminationMessagePath`, which the chart states).
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 
-/// What the termination message says before the instance token.
+/// What the termination message says before the instance token (its first user's name,
+/// kept so that replicas of its earlier releases and of this crate read each other).
 const INSTANCE_PREFIX: &str = "myresource-operator instance ";
 
 /// Picks this process's instance token and writes it to the termination message file at
@@ -109,11 +108,6 @@ pub fn exited(name: &str, holder: Option<&Holder>, pod: &Pod) -> Option<Exit> {
     {
         return None;
     }
-    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-    let status = match statuses.as_slice() {
-        [only] => only,
-        several => several.iter().find(|s| s.name == CONTAINER)?,
-    };
     let ended = |state: Option<&ContainerState>| {
         state
             .and_then(|s| s.terminated.as_ref())
@@ -123,17 +117,22 @@ pub fn exited(name: &str, holder: Option<&Holder>, pod: &Pod) -> Option<Exit> {
                     .any(|l| l.strip_prefix(INSTANCE_PREFIX) == Some(holder.instance.as_str()))
             })
     };
-    let state = status.state.as_ref();
-    if ended(state) {
-        Some(Exit::Terminated)
-    } else if ended(status.last_state.as_ref()) {
-        Some(match state.and_then(|s| s.running.as_ref()) {
-            Some(_) => Exit::Restarted,
-            None => Exit::Terminated,
-        })
-    } else {
-        None
-    }
+    // The holder's container is the one whose termination names its instance: the token is
+    // random per process, so no other container's can.
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find_map(|status| {
+        let state = status.state.as_ref();
+        if ended(state) {
+            Some(Exit::Terminated)
+        } else if ended(status.last_state.as_ref()) {
+            Some(match state.and_then(|s| s.running.as_ref()) {
+                Some(_) => Exit::Restarted,
+                None => Exit::Terminated,
+            })
+        } else {
+            None
+        }
+    })
 }
 
 #[cfg(test)]
@@ -207,6 +206,35 @@ mod tests {
         assert_eq!(
             exited("p", Some(&h), &pod("p", "u", again, terminated("i2"))),
             None
+        );
+    }
+
+    /// With a sidecar, the holder's container is the one whose termination names the
+    /// instance, whatever its name; a sidecar's termination proves nothing.
+    #[test]
+    fn in_a_pod_with_a_sidecar_only_the_holders_container_counts() {
+        let h = holder();
+        let running = json!({"running": {"startedAt": "2026-12-03T10:00:10Z"}});
+        let with = |app: serde_json::Value, sidecar: serde_json::Value| -> Pod {
+            let status = |name: &str, state| {
+                json!({"name": name, "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": state, "lastState": {}})
+            };
+            serde_json::from_value(json!({
+                "metadata": {"name": "p", "uid": "u"},
+                "status": {"containerStatuses": [status("proxy", sidecar), status("app", app)]}
+            }))
+            .unwrap()
+        };
+        let sidecar_died = json!({"terminated": {"exitCode": 1, "finishedAt": "2026-12-03T10:00:09Z",
+            "message": "proxy crashed"}});
+        assert_eq!(
+            exited("p", Some(&h), &with(running, sidecar_died.clone())),
+            None
+        );
+        assert_eq!(
+            exited("p", Some(&h), &with(terminated("i1"), sidecar_died)),
+            Some(Exit::Terminated)
         );
     }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::cluster::write_kubeconfig_via;
+use e2e::kubeconfig::write_kubeconfig_via;
 use e2e::lease::{self, TEST_TIMINGS, Timings};
 use e2e::operator::{Operator, OperatorConfig};
 use e2e::overload_proxy::OverloadProxy;

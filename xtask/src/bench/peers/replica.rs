@@ -142,7 +142,7 @@ impl Bench {
                 });
             }
             Peer::ControllerRuntime | Peer::ControllerRuntimeWarmup => {
-                let port = || e2e::cluster::free_port().map(|p| format!("127.0.0.1:{p}"));
+                let port = || e2e::ports::free_port().map(|p| format!("127.0.0.1:{p}"));
                 cmd = Command::new(&binaries.controller_runtime);
                 cmd.env("KUBECONFIG", &self.cluster.kubeconfig)
                     .arg(format!("--identity={identity}"))

@@ -1,4 +1,4 @@
-//! Joining the node to a running control plane (NODE.md step 3): kube-scheduler,
+//! Joining the node to a running control plane (docs/node-facts.md, step 3): kube-scheduler,
 //! containerd, the kubelet and kube-proxy, each with a client certificate from the
 //! cluster's CA; then the proofs: the Node is Ready, the `kubernetes` Service answers at its
 //! Service address from the host, and from inside a Pod's network namespace.
@@ -13,9 +13,10 @@ use kube::Api;
 use kube::api::{DeleteParams, LogParams, PostParams};
 use serde_json::json;
 
-use super::probe::{self, PROBE_IMAGE};
-use super::{NODE_NAME, Node, network};
-use crate::cluster::{Cluster, write_kubeconfig};
+use super::Cluster;
+use crate::kubeconfig::write_kubeconfig;
+use crate::node::probe::{self, PROBE_IMAGE};
+use crate::node::{NODE_NAME, Node, network};
 
 /// Starts the node's processes through `cluster` (so they are recorded, tied to its
 /// lifetime and stopped by it) and waits for the proofs above.
@@ -84,8 +85,8 @@ pub async fn join(cluster: &mut Cluster, node: &Node) -> Result<()> {
 }
 
 fn kube_proxy_command(node: &Node, kubeconfig: &Path) -> Result<Command> {
-    let metrics = crate::cluster::free_port()?;
-    let healthz = crate::cluster::free_port()?;
+    let metrics = crate::ports::free_port()?;
+    let healthz = crate::ports::free_port()?;
     let config = json!({
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
@@ -117,7 +118,7 @@ fn kube_proxy_command(node: &Node, kubeconfig: &Path) -> Result<Command> {
 /// `GET /readyz` through the Service address 10.0.0.1:443 (kube-proxy's DNAT), from the
 /// host, with the admin identity: the serving certificate must carry that IP.
 async fn service_from_host(cluster: &Cluster) -> Result<()> {
-    let mut config = crate::cluster::config_for(&cluster.kubeconfig).await?;
+    let mut config = crate::kubeconfig::config_for(&cluster.kubeconfig).await?;
     config.cluster_url = format!("https://{}:443", network::KUBERNETES_SERVICE_IP).parse()?;
     let client = kube::Client::try_from(config)?;
     let deadline = Instant::now() + Duration::from_secs(60);

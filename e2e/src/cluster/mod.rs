@@ -10,8 +10,10 @@
 //!   refused as long as any process named there is alive.
 //! - [`Cluster::stop`] ends every process it started and removes the folder.
 
+mod join;
+
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -20,13 +22,14 @@ use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::binaries::{self, Binaries};
+use crate::kubeconfig::{client_for, write_kubeconfig};
 use crate::pki::Pki;
+use crate::ports::free_port;
 use crate::process::{self, Lifetime, Process};
 
 /// What to start.
@@ -190,7 +193,7 @@ impl Cluster {
         )
         .await?;
         if let Some(node) = &node {
-            crate::node::join::join(self, node).await?;
+            join::join(self, node).await?;
         }
         Ok(())
     }
@@ -592,26 +595,6 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// A client from a kubeconfig file.
-pub async fn client_for(kubeconfig: &Path) -> Result<Client> {
-    Ok(Client::try_from(config_for(kubeconfig).await?)?)
-}
-
-/// The client configuration of a kubeconfig file, for callers that adjust it (user agent …).
-pub async fn config_for(kubeconfig: &Path) -> Result<kube::Config> {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig)?;
-    Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
-}
-
-/// Writes to `path` a copy of `kubeconfig` whose server is `addr` (a proxy in front of the
-/// API server, such as [`crate::proxy::Proxy`]).
-pub fn write_kubeconfig_via(kubeconfig: &Path, addr: SocketAddr, path: &Path) -> Result<()> {
-    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(kubeconfig)?)?;
-    doc["clusters"][0]["cluster"]["server"] = format!("https://{addr}").into();
-    std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
-    Ok(())
-}
-
 async fn establish_crd(client: &Client, crd: &CustomResourceDefinition) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = crd.metadata.name.clone().unwrap_or_default();
@@ -677,47 +660,6 @@ fn audit_policy() -> serde_json::Value {
             {"level": "None"}
         ]
     })
-}
-
-/// Writes a kubeconfig for `user` with a client certificate.
-pub fn write_kubeconfig(
-    path: &Path,
-    server: &str,
-    ca: &Path,
-    user: &str,
-    cert: &crate::pki::ClientCert,
-) -> Result<()> {
-    // JSON is YAML: kubectl and kube-rs read it as a kubeconfig.
-    let doc = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": ca}}],
-        "users": [{"name": user, "user": {"client-certificate": cert.cert, "client-key": cert.key}}],
-        "contexts": [{"name": format!("{user}@local"), "context": {"cluster": "local", "user": user}}],
-        "current-context": format!("{user}@local"),
-    });
-    std::fs::write(path, serde_json::to_vec_pretty(&doc)?)?;
-    Ok(())
-}
-
-/// A free loopback port (the kernel's choice; a race with other binders is possible but
-/// shows up as a component failing to start, with its log).
-pub fn free_port() -> Result<u16> {
-    // The port is free when asked for, but is released before its user binds it, so the
-    // kernel may hand it out again: never give the same port twice in this process (a
-    // replica once got one port for both its metrics and its health endpoint).
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    for _ in 0..100 {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-            .local_addr()?
-            .port();
-        let mut given = GIVEN.lock().expect("given ports lock");
-        if !given.contains(&port) {
-            given.push(port);
-            return Ok(port);
-        }
-    }
-    bail!("no port not handed out before in 100 tries")
 }
 
 fn etcd_healthy(addr: SocketAddr) -> bool {
