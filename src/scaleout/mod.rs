@@ -20,7 +20,7 @@ use kube_leasehold::fence::Fence;
 use kube_leasehold::replicas::Replicas;
 use kube_leasehold::replicas::this_pod::PodInfo;
 use kube_leasehold::scaleout::selector::serves_shard_selector;
-use kube_leasehold::scaleout::{ShardCaches, ShardGroup, ShardKey, shard_lease};
+use kube_leasehold::scaleout::{Member, ShardCaches, ShardGroup, ShardKey, shard_lease};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -139,23 +139,26 @@ pub async fn run(s: ScaleOut, stop: impl Future<Output = ()>) -> Result<()> {
                 .await
         }
     };
-    ShardGroup {
+    let member = Member {
         api: Api::namespaced(s.clients.election.clone(), &s.lease_namespace),
         identity: s.identity,
         group: s.group,
         key: s.key,
         standbys: s.standbys,
         timings: s.timings,
+        reachability: s.clients.reachability.clone(),
+        observer: s.metrics,
         pod: s.pod,
         replicas: s.replicas,
+    };
+    ShardGroup {
+        member,
         caches: ShardedCaches {
             caches: s.caches,
             key: s.key,
             server_side,
         },
         fences,
-        reachability: s.clients.reachability.clone(),
-        observer: s.metrics,
         grace: s.grace,
     }
     .run(stop, term)

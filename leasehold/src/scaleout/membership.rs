@@ -265,29 +265,28 @@ pub trait ShardCaches: Send + Sync + 'static {
     fn subscribe_warmed(&self) -> watch::Receiver<u64>;
 }
 
-/// What a scale-out replica's membership needs.
-pub struct Membership<C> {
-    /// The group's Leases (member and shard Leases share a namespace).
+/// A replica's place in a shard group: who it is, in which group, and what it sees with.
+/// Shared by the [`Membership`] and the shard elections of a
+/// [`crate::scaleout::ShardGroup`].
+#[derive(Clone)]
+pub struct Member {
+    /// The group's Leases (member and shard Leases share a namespace; the election client's
+    /// API: never fenced).
     pub api: Api<Lease>,
     /// This replica's identity (the holder it writes).
     pub identity: String,
-    /// The group's (base Lease's) name.
+    /// The group's (base Lease's) name: shard Leases are `<group>-<i>`, member Leases
+    /// `<group>-member-<identity>`.
     pub group: String,
-    /// How objects map to shards.
+    /// The shards, and how objects map to them.
     pub key: ShardKey,
     /// How many replicas besides the leader keep each shard's cache warm.
     pub standbys: usize,
     /// The group's timings (a member is live for a lease duration after its last change).
     pub timings: Timings,
-    /// The shard caches.
-    pub caches: C,
-    /// One per shard, in order: whether this replica leads it.
-    pub leaderships: Vec<Leadership>,
-    /// Where the plan's word for this replica goes (the shard elections' seats).
-    pub intent: watch::Sender<Intent>,
     /// The API server's returns: the watch retries at once when it is back.
     pub reachability: Reachability,
-    /// Told the number of shards led and cached and of members seen.
+    /// Told the terms, and the number of shards led and cached and of members seen.
     pub observer: Arc<dyn Observer>,
     /// In a Pod: this replica's Pod. Its ServiceAccount owns the member Lease (as it owns
     /// the shard Leases), so `helm uninstall` removes a crashed replica's too; its uid and
@@ -298,22 +297,35 @@ pub struct Membership<C> {
     pub replicas: Option<Replicas>,
 }
 
+/// What a scale-out replica's membership needs.
+pub struct Membership<C> {
+    /// Who this replica is in which group.
+    pub member: Member,
+    /// The shard caches.
+    pub caches: C,
+    /// One per shard, in order: whether this replica leads it.
+    pub leaderships: Vec<Leadership>,
+    /// Where the plan's word for this replica goes (the shard elections' seats).
+    pub intent: watch::Sender<Intent>,
+}
+
 impl<C: ShardCaches> Membership<C> {
     /// Renews this replica's member Lease and keeps the plan, the cached shards and the
     /// intent current, until `stop` fires; then clears the member Lease (leaving the
     /// group) and returns.
     pub async fn run(self, stop: CancellationToken) {
-        let name = member_lease(&self.group, &self.identity);
-        let config = watcher::Config::default().labels(&format!("{GROUP_LABEL}={}", self.group));
+        let name = member_lease(&self.member.group, &self.member.identity);
+        let config =
+            watcher::Config::default().labels(&format!("{GROUP_LABEL}={}", self.member.group));
         let events = retried(
-            watcher::watcher(self.api.clone(), config),
-            self.reachability.subscribe(),
+            watcher::watcher(self.member.api.clone(), config),
+            self.member.reachability.subscribe(),
             "Lease".into(),
         );
         let mut events = std::pin::pin!(events);
         let mut warmed = self.caches.subscribe_warmed();
         let mut roles: Vec<_> = self.leaderships.iter().map(Leadership::subscribe).collect();
-        let mut pods = self.replicas.as_ref().map(Replicas::subscribe);
+        let mut pods = self.member.replicas.as_ref().map(Replicas::subscribe);
         let mut group = Group::default();
         let mut listing: Option<Group> = None;
         let mut listed = false;
@@ -325,7 +337,7 @@ impl<C: ShardCaches> Membership<C> {
         let mut failures = Throttle::new(Duration::from_secs(30));
         // Since when a takeover has been pending (new standby caches wait for it).
         let mut deferring: Option<Instant> = None;
-        let retry = self.timings.retry_period;
+        let retry = self.member.timings.retry_period;
         loop {
             let now = Instant::now();
             let warm_mine = self.caches.warm_shards();
@@ -356,15 +368,15 @@ impl<C: ShardCaches> Membership<C> {
             // Plan only once the group is known: planning alone would cache every shard.
             let mut replan_by = None;
             if listed {
-                let joined =
-                    renewed.is_some_and(|at| Instant::now() < at + self.timings.lease_duration);
+                let joined = renewed
+                    .is_some_and(|at| Instant::now() < at + self.member.timings.lease_duration);
                 replan_by = self.replan(&group, joined, &mut deferring);
                 if renewed == Some(now) {
                     self.sweep(&group).await;
                 }
             }
             let wake = group
-                .next_expiry(&self.group, self.timings.lease_duration)
+                .next_expiry(&self.member.group, self.member.timings.lease_duration)
                 .filter(|t| *t > Instant::now())
                 .into_iter()
                 .chain(replan_by)
@@ -411,21 +423,22 @@ impl<C: ShardCaches> Membership<C> {
         joined: bool,
         deferring: &mut Option<Instant>,
     ) -> Option<Instant> {
-        let me = joined.then_some(self.identity.as_str());
+        let me = joined.then_some(self.member.identity.as_str());
         let pods = self
+            .member
             .replicas
             .as_ref()
             .map(Replicas::pods)
             .unwrap_or_default();
         let (view, mut warm) = group.view(
-            &self.group,
-            self.key.shards(),
+            &self.member.group,
+            self.member.key.shards(),
             me,
-            self.timings.lease_duration,
+            self.member.timings.lease_duration,
             Instant::now(),
             &pods,
         );
-        let plan = assignment::plan(&view, self.standbys);
+        let plan = assignment::plan(&view, self.member.standbys);
         let held: BTreeSet<usize> = self
             .leaderships
             .iter()
@@ -433,11 +446,11 @@ impl<C: ShardCaches> Membership<C> {
             .filter(|(_, l)| l.is_leading())
             .map(|(i, _)| i)
             .collect();
-        warm.insert(self.identity.clone(), self.caches.warm_shards());
-        let intent = assignment::intent(&plan, &self.identity, &warm, &held);
+        warm.insert(self.member.identity.clone(), self.caches.warm_shards());
+        let intent = assignment::intent(&plan, &self.member.identity, &warm, &held);
         let now = Instant::now();
-        let until = if assignment::takeover_pending(&plan, &self.identity, &held) {
-            Some(*deferring.get_or_insert(now) + self.timings.retry_period)
+        let until = if assignment::takeover_pending(&plan, &self.member.identity, &held) {
+            Some(*deferring.get_or_insert(now) + self.member.timings.retry_period)
         } else {
             *deferring = None;
             None
@@ -445,13 +458,14 @@ impl<C: ShardCaches> Membership<C> {
         let until = until.filter(|t| now < *t);
         let cached = assignment::to_cache(
             &plan,
-            &self.identity,
+            &self.member.identity,
             &held,
             &self.caches.cached_shards(),
             until.is_some(),
         );
         self.caches.cache_shards(&cached);
-        self.observer
+        self.member
+            .observer
             .shards(held.len(), cached.len(), view.members.len());
         self.intent.send_if_modified(|current| {
             if *current == intent {
@@ -476,16 +490,17 @@ impl<C: ShardCaches> Membership<C> {
         written: Option<&Lease>,
         warm: &BTreeSet<usize>,
     ) -> Result<Lease, String> {
-        let timeout = self.timings.retry_period;
+        let timeout = self.member.timings.retry_period;
         let now = MicroTime(Timestamp::now());
         let current = match written {
             Some(lease) => Some(lease.clone()),
-            None => tokio::time::timeout(timeout, self.api.get_opt(name))
+            None => tokio::time::timeout(timeout, self.member.api.get_opt(name))
                 .await
                 .map_err(|_| "reading the member Lease timed out".to_string())?
                 .map_err(|e| format!("reading the member Lease: {e}"))?,
         };
         let mut annotations = self
+            .member
             .pod
             .as_ref()
             .map(PodInfo::annotations)
@@ -494,15 +509,19 @@ impl<C: ShardCaches> Membership<C> {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                labels: Some(group_labels(&self.group)),
+                labels: Some(group_labels(&self.member.group)),
                 annotations: Some(annotations),
                 resource_version: current.as_ref().and_then(|l| l.resource_version()),
-                owner_references: self.pod.as_ref().map(|p| vec![p.service_account.clone()]),
+                owner_references: self
+                    .member
+                    .pod
+                    .as_ref()
+                    .map(|p| vec![p.service_account.clone()]),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
-                holder_identity: Some(self.identity.clone()),
-                lease_duration_seconds: Some(self.timings.lease_duration.as_secs() as i32),
+                holder_identity: Some(self.member.identity.clone()),
+                lease_duration_seconds: Some(self.member.timings.lease_duration.as_secs() as i32),
                 renew_time: Some(now),
                 ..Default::default()
             }),
@@ -510,8 +529,8 @@ impl<C: ShardCaches> Membership<C> {
         let params = PostParams::default();
         let request = async {
             match current {
-                Some(_) => self.api.replace(name, &params, &lease).await,
-                None => self.api.create(&params, &lease).await,
+                Some(_) => self.member.api.replace(name, &params, &lease).await,
+                None => self.member.api.create(&params, &lease).await,
             }
         };
         tokio::time::timeout(timeout, request)
@@ -532,12 +551,13 @@ impl<C: ShardCaches> Membership<C> {
             for _ in 0..2 {
                 let lease = match current.take() {
                     Some(lease) => lease,
-                    None => match self.api.get_opt(name).await? {
+                    None => match self.member.api.get_opt(name).await? {
                         Some(lease) => lease,
                         None => return Ok(()),
                     },
                 };
                 match self
+                    .member
                     .api
                     .replace(name, &PostParams::default(), &tombstone(lease))
                     .await
@@ -549,7 +569,7 @@ impl<C: ShardCaches> Membership<C> {
             }
             Ok(())
         };
-        match tokio::time::timeout(self.timings.retry_period, request).await {
+        match tokio::time::timeout(self.member.timings.retry_period, request).await {
             Ok(Ok(())) => info!("left the shard group"),
             Ok(Err(err)) => {
                 warn!(error = %err, "clearing the member Lease failed; the others see it expire")
@@ -561,7 +581,7 @@ impl<C: ShardCaches> Membership<C> {
     /// Deletes the group's tombstones that are older than [`TOMBSTONE_AGE`] (each only
     /// if unchanged since it was seen); a failure is left to the next sweep.
     async fn sweep(&self, group: &Group) {
-        for (name, resource_version) in group.tombstones(&self.group, Instant::now()) {
+        for (name, resource_version) in group.tombstones(&self.member.group, Instant::now()) {
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     resource_version: Some(resource_version),
@@ -569,8 +589,11 @@ impl<C: ShardCaches> Membership<C> {
                 }),
                 ..DeleteParams::default()
             };
-            match tokio::time::timeout(self.timings.retry_period, self.api.delete(&name, &params))
-                .await
+            match tokio::time::timeout(
+                self.member.timings.retry_period,
+                self.member.api.delete(&name, &params),
+            )
+            .await
             {
                 Ok(Ok(_)) => info!(lease = %name, "deleted a departed member's Lease"),
                 Ok(Err(err)) => {

@@ -26,7 +26,6 @@ pub mod selector;
 pub mod shard_key;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -36,44 +35,21 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use assignment::Intent;
-pub use membership::{Membership, ShardCaches, group_labels, member_lease, shard_lease};
+pub use membership::{Member, Membership, ShardCaches, group_labels, member_lease, shard_lease};
 pub use shard_key::ShardKey;
 
 use crate::candidate::Candidate;
-use crate::election::{KubeLeases, Seat, Timings};
+use crate::election::{KubeLeases, Seat};
 use crate::fence::Fence;
-use crate::observe::Observer;
-use crate::replicas::Replicas;
-use crate::replicas::this_pod::PodInfo;
-use crate::retry::Reachability;
 
 /// Everything a scale-out replica's group runs with.
 pub struct ShardGroup<C> {
-    /// The group's Leases' namespace (the election client's: never fenced).
-    pub api: Api<Lease>,
-    /// This replica's identity.
-    pub identity: String,
-    /// The group's name: shard Leases are `<group>-<i>`, member Leases
-    /// `<group>-member-<identity>`.
-    pub group: String,
-    /// The shards and how objects map to them.
-    pub key: ShardKey,
-    /// How many replicas besides the leader keep each shard's cache warm.
-    pub standbys: usize,
-    /// Every Lease's timings.
-    pub timings: Timings,
-    /// In a Pod: this Pod (see [`Candidate::in_pod`]).
-    pub pod: Option<PodInfo>,
-    /// In a Pod: the replicas' Pods (see [`Candidate::replicas`]).
-    pub replicas: Option<Replicas>,
+    /// Who this replica is in which group.
+    pub member: Member,
     /// The shard caches the plan steers.
     pub caches: C,
     /// One fence per shard, in order; give each to the shard's fenced client.
     pub fences: Vec<Fence>,
-    /// The API server's returns.
-    pub reachability: Reachability,
-    /// Where terms and the plan are reported.
-    pub observer: Arc<dyn Observer>,
     /// How long a shutdown waits for each shard's term to stop.
     pub grace: Duration,
 }
@@ -87,24 +63,24 @@ impl<C: ShardCaches> ShardGroup<C> {
         T: Fn(usize, CancellationToken) -> F + Clone + Send + 'static,
         F: Future<Output = ()> + Send + 'static,
     {
-        assert_eq!(self.fences.len(), self.key.shards(), "one fence per shard");
+        let m = &self.member;
+        assert_eq!(self.fences.len(), m.key.shards(), "one fence per shard");
         let (intent, intent_rx) = watch::channel(Intent::default());
         let stopping = CancellationToken::new();
         let mut leaderships = Vec::new();
         let mut terms = Vec::new();
         for (shard, fence) in self.fences.iter().enumerate() {
-            let lease = shard_lease(&self.group, shard);
-            let campaign =
-                Candidate::new(&self.identity, lease, namespace_of(&self.api), self.timings)
-                    .in_pod(self.pod.clone())
-                    .replicas(self.replicas.clone())
-                    .labelled(group_labels(&self.group))
-                    .seat(Seat {
-                        shard,
-                        intent: intent_rx.clone(),
-                    })
-                    .observer(self.observer.clone())
-                    .spawn(KubeLeases::new(self.api.clone()), fence.clone());
+            let lease = shard_lease(&m.group, shard);
+            let campaign = Candidate::new(&m.identity, lease, namespace_of(&m.api), m.timings)
+                .in_pod(m.pod.clone())
+                .replicas(m.replicas.clone())
+                .labelled(group_labels(&m.group))
+                .seat(Seat {
+                    shard,
+                    intent: intent_rx.clone(),
+                })
+                .observer(m.observer.clone())
+                .spawn(KubeLeases::new(m.api.clone()), fence.clone());
             leaderships.push(campaign.leadership().clone());
             let (stopping, term) = (stopping.clone(), term.clone());
             terms.push(tokio::spawn(campaign.run(
@@ -116,19 +92,10 @@ impl<C: ShardCaches> ShardGroup<C> {
         let leave = CancellationToken::new();
         let members = tokio::spawn(
             Membership {
-                api: self.api,
-                identity: self.identity,
-                group: self.group,
-                key: self.key,
-                standbys: self.standbys,
-                timings: self.timings,
+                member: self.member,
                 caches: self.caches,
                 leaderships,
                 intent,
-                reachability: self.reachability,
-                observer: self.observer,
-                pod: self.pod,
-                replicas: self.replicas,
             }
             .run(leave.clone()),
         );

@@ -157,9 +157,11 @@ impl Bench {
                     cmd.arg("--warmup");
                 }
             }
-            Peer::KubeRuntime => {
-                // kube-lease-manager has a duration and a grace (renew this long before
-                // expiry): 15 s with renewals every 2 s, as the others renew.
+            Peer::KubeRuntime | Peer::KubeRuntimeLeasehold => {
+                // One binary and controller, two elections. kube-lease-manager has a duration
+                // and a grace (renew this long before expiry): 15 s with renewals every 2 s,
+                // as the others renew. kube-leasehold has client-go's three timings, and its
+                // grace is how long a term's controller may take to stop at shutdown.
                 cmd = Command::new(&binaries.kube_runtime);
                 cmd.arg(format!(
                     "--kubeconfig={}",
@@ -168,25 +170,15 @@ impl Bench {
                 .arg(format!("--identity={identity}"))
                 .arg(format!("--namespace={ns}"))
                 .arg(format!("--lease-duration={lease}"))
-                .arg(format!("--grace={}", lease - retry))
                 .arg(format!("--concurrency={CONCURRENCY}"));
-            }
-            Peer::KubeRuntimeLeasehold => {
-                // The same binary and controller, with client-go's three timings and a
-                // 5 s grace for a term's controller to stop at shutdown.
-                cmd = Command::new(&binaries.kube_runtime);
-                cmd.arg(format!(
-                    "--kubeconfig={}",
-                    self.cluster.kubeconfig.display()
-                ))
-                .arg(format!("--identity={identity}"))
-                .arg(format!("--namespace={ns}"))
-                .arg("--election=leasehold")
-                .arg(format!("--lease-duration={lease}"))
-                .arg(format!("--renew-deadline={renew}"))
-                .arg(format!("--retry-period={retry}"))
-                .arg("--grace=5")
-                .arg(format!("--concurrency={CONCURRENCY}"));
+                if peer == Peer::KubeRuntime {
+                    cmd.arg(format!("--grace={}", lease - retry));
+                } else {
+                    cmd.arg("--election=leasehold")
+                        .arg(format!("--renew-deadline={renew}"))
+                        .arg(format!("--retry-period={retry}"))
+                        .arg("--grace=5");
+                }
             }
         }
         let log: PathBuf = log_dir.join(format!("{identity}.log"));
