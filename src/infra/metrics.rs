@@ -19,7 +19,6 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use kube_leasehold::observe::{Observer, names};
-
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
