@@ -99,6 +99,27 @@ impl TestEnv {
         Ok(path)
     }
 
+    /// A copy of the admin kubeconfig whose context's namespace is this test's: for programs
+    /// that take their namespace from the kubeconfig, such as the crate's examples.
+    pub fn kubeconfig_in_namespace(&self) -> Result<PathBuf> {
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&self.shared.kubeconfig)?)?;
+        doc["contexts"][0]["context"]["namespace"] = self.namespace.clone().into();
+        let path = self
+            .shared
+            .kubeconfig
+            .with_file_name(format!("{}.kubeconfig", self.namespace));
+        std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)?;
+        Ok(path)
+    }
+
+    /// Where this test binary's replica logs go (`target/e2e-logs/<pid>`).
+    pub fn log_dir(&self) -> PathBuf {
+        crate::operator::workspace_root()
+            .join("target/e2e-logs")
+            .join(std::process::id().to_string())
+    }
+
     /// `kubectl apply` of the tutorial's example, unchanged, into this test's namespace.
     pub fn apply_tutorial_example(&self) -> Result<()> {
         let kubeconfig = format!("--kubeconfig={}", self.shared.kubeconfig.display());
@@ -121,9 +142,7 @@ impl TestEnv {
             format!("{}-{identity}", self.namespace),
             self.shared.kubeconfig.clone(),
             &self.namespace,
-            crate::operator::workspace_root()
-                .join("target/e2e-logs")
-                .join(std::process::id().to_string()),
+            self.log_dir(),
             &crate::lease::TEST_TIMINGS,
         )
         .with_args(extra_args)

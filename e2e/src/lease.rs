@@ -62,9 +62,14 @@ impl Timings {
 /// The holder of the Lease [`NAME`] in `namespace`: `None` when there is no Lease, `""` when
 /// it was released (or its holder cleared).
 pub async fn holder(client: &Client, namespace: &str) -> Result<Option<String>> {
+    holder_of(client, namespace, NAME).await
+}
+
+/// The holder of the Lease `name` in `namespace`, as [`holder`] tells it.
+pub async fn holder_of(client: &Client, namespace: &str, name: &str) -> Result<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     Ok(leases
-        .get_opt(NAME)
+        .get_opt(name)
         .await?
         .map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default()))
 }

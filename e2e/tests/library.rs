@@ -8,7 +8,7 @@
 //!   created meanwhile, from its warm store, without rewriting what needed nothing. (The
 //!   fencing of these writes is the operator's: its tests audit it, on the same crate.)
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,51 +17,40 @@ use e2e::harness::{self, TestEnv};
 use e2e::operator::built;
 use e2e::process::{self, Lifetime, Process};
 use e2e::wait::poll;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 
-/// A copy of the shared kubeconfig whose context's namespace is the test's.
-fn kubeconfig_in_namespace(env: &TestEnv, dir: &Path) -> Result<PathBuf> {
-    let mut doc: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&env.shared.kubeconfig)?)?;
-    doc["contexts"][0]["context"]["namespace"] = env.namespace.clone().into();
-    let path = dir.join("kubeconfig");
-    std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)?;
-    Ok(path)
-}
-
-fn start(example: &Path, identity: &str, kubeconfig: &Path, dir: &Path) -> Result<Process> {
+/// Starts the example `identity` with its log in the test binary's log folder.
+fn start(env: &TestEnv, example: &Path, identity: &str, kubeconfig: &Path) -> Result<Process> {
     let mut command = Command::new(example);
     command
         .env("IDENTITY", identity)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info");
-    let log = dir.join(format!("{identity}.log"));
+    let dir = env.log_dir();
+    std::fs::create_dir_all(&dir)?;
+    let log = dir.join(format!("{}-{identity}.log", env.namespace));
     process::spawn(identity, command, &log, Lifetime::TiedToThisProcess)
 }
 
-async fn holder(leases: &Api<Lease>, name: &str) -> Result<Option<String>> {
-    Ok(leases
-        .get_opt(name)
-        .await?
-        .and_then(|l| l.spec?.holder_identity)
-        .filter(|h| !h.is_empty()))
+/// The Lease's holder, `None` when absent or released.
+async fn holder(env: &TestEnv, name: &str) -> Result<Option<String>> {
+    let holder = e2e::lease::holder_of(&env.client, &env.namespace, name).await?;
+    Ok(holder.filter(|h| !h.is_empty()))
 }
 
 #[tokio::test]
 async fn the_minimal_example_writes_only_while_leading() -> Result<()> {
     let env = harness::setup("lib-min").await?;
-    let dir = tempdir("lib-min")?;
-    let kubeconfig = kubeconfig_in_namespace(&env, &dir)?;
+    let kubeconfig = env.kubeconfig_in_namespace()?;
     let example = built(&[
         "--package",
         "kube-leasehold",
         "--example",
         "only_while_leading",
     ])?;
-    let mut a = start(&example, "a", &kubeconfig, &dir)?;
+    let mut a = start(&env, &example, "a", &kubeconfig)?;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
     poll(
         "the leader's ConfigMap",
@@ -82,8 +71,7 @@ async fn the_minimal_example_writes_only_while_leading() -> Result<()> {
         bail!("the example did not stop on SIGINT:\n{}", a.log_tail(20));
     }
     // It released the Lease on the way out.
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
-    let released = holder(&leases, "only-while-leading").await?;
+    let released = holder(&env, "only-while-leading").await?;
     if released.is_some() {
         bail!("the Lease still names {released:?} after a clean stop");
     }
@@ -119,8 +107,7 @@ async fn annotated(cms: &Api<ConfigMap>, name: &str, keys: usize) -> Result<()> 
 #[tokio::test]
 async fn kube_runtimes_controller_takes_over_under_a_term() -> Result<()> {
     let env = harness::setup("lib-ctl").await?;
-    let dir = tempdir("lib-ctl")?;
-    let kubeconfig = kubeconfig_in_namespace(&env, &dir)?;
+    let kubeconfig = env.kubeconfig_in_namespace()?;
     let example = built(&[
         "--package",
         "kube-leasehold",
@@ -128,16 +115,15 @@ async fn kube_runtimes_controller_takes_over_under_a_term() -> Result<()> {
         "kube_runtime_controller",
     ])?;
     let mut replicas = vec![
-        start(&example, "a", &kubeconfig, &dir)?,
-        start(&example, "b", &kubeconfig, &dir)?,
+        start(&env, &example, "a", &kubeconfig)?,
+        start(&env, &example, "b", &kubeconfig)?,
     ];
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     cms.create(&PostParams::default(), &watched("one", 2))
         .await?;
     annotated(&cms, "one", 2).await?;
     let lease = "kube-runtime-controller-example";
-    let leader = holder(&leases, lease).await?.unwrap_or_default();
+    let leader = holder(&env, lease).await?.unwrap_or_default();
     let Some(index) = replicas.iter().position(|p| p.name == leader) else {
         bail!("the Lease names {leader:?}, not a replica");
     };
@@ -147,7 +133,7 @@ async fn kube_runtimes_controller_takes_over_under_a_term() -> Result<()> {
     cms.create(&PostParams::default(), &watched("two", 3))
         .await?;
     annotated(&cms, "two", 3).await?;
-    let next = holder(&leases, lease).await?.unwrap_or_default();
+    let next = holder(&env, lease).await?.unwrap_or_default();
     let survivor = &mut replicas[0];
     if next != survivor.name {
         bail!(
@@ -162,10 +148,4 @@ async fn kube_runtimes_controller_takes_over_under_a_term() -> Result<()> {
         bail!("the new leader rewrote an object that needed nothing:\n{log}");
     }
     Ok(())
-}
-
-fn tempdir(prefix: &str) -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }
