@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{self, Wall};
 use crate::election::{Driver, Elector, LeaseStore, Seat, Timings};
 use crate::fence::Fence;
 use crate::observe::{Observer, Silent};
@@ -27,6 +28,7 @@ pub struct Candidate {
     replicas: Option<Replicas>,
     seat: Option<Seat>,
     observer: Arc<dyn Observer>,
+    wall: Wall,
 }
 
 impl Candidate {
@@ -48,6 +50,7 @@ impl Candidate {
             replicas: None,
             seat: None,
             observer: Arc::new(Silent),
+            wall: clock::system_wall(),
         }
     }
 
@@ -87,6 +90,13 @@ impl Candidate {
         self
     }
 
+    /// The wall clock written into the Lease's records (the system's by default; a
+    /// simulation skews and steps it per node). It is never compared across replicas.
+    pub fn wall_clock(mut self, wall: Wall) -> Self {
+        self.wall = wall;
+        self
+    }
+
     /// Starts the election on `store`; `fence` opens while this replica leads (give the
     /// same fence to [`crate::fence::fenced_client`] for the term's writes).
     pub fn spawn(self, store: impl LeaseStore, fence: Fence) -> Campaign {
@@ -102,6 +112,7 @@ impl Candidate {
             observer: self.observer,
             replicas: self.replicas,
             seat: self.seat,
+            wall: self.wall,
         };
         let task = tokio::spawn(driver.run(stop.clone()));
         Campaign {

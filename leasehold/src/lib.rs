@@ -86,7 +86,10 @@
 
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+pub mod bugs;
 mod candidate;
+pub mod clock;
 pub mod election;
 pub mod fence;
 pub mod observe;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::utils::Backoff;
@@ -90,7 +90,7 @@ where
                 }
                 Err(err) => err,
             };
-            if let Verdict::Log { suppressed } = st.throttle.failed(Instant::now()) {
+            if let Verdict::Log { suppressed } = st.throttle.failed(crate::clock::now()) {
                 warn!(error = %err, kind = %st.kind, suppressed, "watch failed; retrying");
             }
             let delay = st.backoff.next().unwrap_or(Duration::from_secs(30));
@@ -101,6 +101,7 @@ where
                 }
             };
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(delay) => {}
                 _ = returned => {
                     // A server that has just come back may not serve everything yet (a

@@ -209,6 +209,7 @@ pub(crate) async fn run<T, F>(
     tokio::pin!(stop);
     loop {
         tokio::select! {
+            biased;
             changed = role.changed() => {
                 if changed.is_err() {
                     break;

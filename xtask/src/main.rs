@@ -58,6 +58,13 @@ enum Task {
     /// Inject seeded faults into three replicas under a workload and check the invariants;
     /// writes target/chaos/report.{json,md} and timeline.svg.
     Chaos(chaos::ChaosArgs),
+    /// Deterministic simulation of the leadership code (kube-leasehold): seeded
+    /// adversarial histories against a simulated API server on a simulated clock
+    /// (`cargo xtask simulate --help` for its options).
+    Simulate {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Build the operator's container image (as deploy/Dockerfile makes it) without Docker
     /// and load it into the node of the cluster in DIR (`cluster up --node`); prints the
     /// image reference on its last line.
@@ -179,6 +186,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Task::Image { dir } => image(&dir),
         Task::Test { cargo_args } => test(&cargo_args),
+        Task::Simulate { args } => simulate(&args),
         Task::Chaos(args) => runtime.block_on(chaos::run(&workspace_root(), args)),
         // The ceiling's minimal client must be built like the operator it is compared with,
         // or its own CPU use on 2 cores lowers the ceiling.
@@ -189,6 +197,25 @@ fn run(cli: Cli) -> Result<()> {
         }
     }
 }
+
+/// The simulator (`sim/`), built with the release profile, run with `args`. It is built
+/// on its own: its `simulation` feature of kube-leasehold (the historical defects'
+/// switches) must never reach a build of the operator.
+fn simulate(args: &[String]) -> Result<()> {
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(workspace_root())
+        .args(["run", "--quiet", "--release", "--package", SIMULATOR, "--"])
+        .args(args)
+        .status()
+        .context("running the simulator")?;
+    if !status.success() {
+        bail!("the simulation failed ({status})");
+    }
+    Ok(())
+}
+
+/// The simulator's package.
+const SIMULATOR: &str = "leasehold-sim";
 
 /// Runs this same command line again from a release build of xtask.
 fn release_self() -> Result<()> {
@@ -255,7 +282,7 @@ fn test(cargo_args: &[String]) -> Result<()> {
     cargo
         .current_dir(workspace_root())
         // Every suite runs and reports, even after one fails.
-        .args(["test", "--workspace", "--no-fail-fast"])
+        .args(["test", "--workspace", "--no-fail-fast", "--exclude", SIMULATOR])
         .args(cargo_args);
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         // End-to-end tests mostly wait on the API server: run more of them at once than

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
 use super::{Action, Elector, LeaseEvent, LeaseStore, StoreError};
+use crate::bugs::{self, Bug};
+use crate::clock::Wall;
 use crate::fence::SETTLE_MARGIN;
 use crate::observe::Observer;
 use crate::replicas::{self, Replicas, succession};
@@ -26,12 +27,17 @@ pub fn jitter(period: Duration, fraction: f64) -> Duration {
 /// The jitter factor of a retry after a failure.
 const JITTER: f64 = 0.2;
 
-/// A fraction in [0, 1) that differs between replicas and attempts.
-fn random_fraction() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    (bits >> 11) as f64 / (1u64 << 53) as f64
+/// A fraction in [0, 1) that differs between replicas (`identity`) and attempts
+/// (`attempt`), and is the same on every run: a simulated history replays byte for byte.
+fn spread(identity: &str, attempt: u64) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    (identity, attempt).hash(&mut hasher);
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
+
+/// A watch that ends sooner than this after it opened is taken for refused (410 Gone).
+const MIN_WATCH: Duration = Duration::from_secs(1);
 
 /// How often a repeating failure is logged.
 const LOG_EVERY: Duration = Duration::from_secs(30);
@@ -52,6 +58,8 @@ pub struct Driver<S> {
     pub replicas: Option<Replicas>,
     /// Scale-out mode: this shard Lease's place in the replica's plan.
     pub seat: Option<Seat>,
+    /// The wall time written into the records.
+    pub wall: Wall,
 }
 
 /// A shard Lease's election in scale-out mode: it acquires only while the plan lets this
@@ -100,6 +108,8 @@ impl<S: LeaseStore> Driver<S> {
     /// Runs the election until `shutdown` fires; then releases the Lease if it names us.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut failures = Throttle::new(LOG_EVERY);
+        // Failed attempts so far: the jitter of each pause differs.
+        let mut attempts = 0u64;
         // After a failed request: no new attempt before this.
         let mut pause: Option<Instant> = None;
         // The Lease watch just delivered the record: no need to GET it again.
@@ -107,6 +117,7 @@ impl<S: LeaseStore> Driver<S> {
         loop {
             if let Some(until) = pause.take() {
                 tokio::select! {
+                    biased;
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep_until(until.into()) => {}
                 }
@@ -114,7 +125,7 @@ impl<S: LeaseStore> Driver<S> {
             if shutdown.is_cancelled() {
                 break;
             }
-            let now = Instant::now();
+            let now = crate::clock::now();
             let outcome = if self.elector.is_leader(now) {
                 let at = self.elector.next_renew().unwrap_or(now);
                 let hand_off = async {
@@ -124,6 +135,7 @@ impl<S: LeaseStore> Driver<S> {
                     }
                 };
                 tokio::select! {
+                    biased;
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep_until(at.into()) => {}
                     _ = hand_off => {
@@ -149,20 +161,22 @@ impl<S: LeaseStore> Driver<S> {
                     Err(err) => Err(err),
                     Ok(()) => {
                         self.observe_replicas();
-                        let next = self.elector.next_action(Instant::now(), Timestamp::now());
-                        let retry = Instant::now() + self.elector.timings().retry_period;
+                        let next = self.elector.next_action(crate::clock::now(), self.wall.now());
+                        let retry = crate::clock::now() + self.elector.timings().retry_period;
                         match next {
                             // Takeable, but the plan gives the shard to another replica.
                             Action::Create(_) | Action::Replace(_) if !self.may_lead() => {
                                 tokio::select! {
+                                    biased;
                                     _ = shutdown.cancelled() => break,
                                     current = self.watch_until(retry) => watched = current,
                                 }
                                 Ok(())
                             }
                             Action::WaitUntil(until) => {
-                                let until = until.min(retry).max(Instant::now());
+                                let until = until.min(retry).max(crate::clock::now());
                                 tokio::select! {
+                                    biased;
                                     _ = shutdown.cancelled() => break,
                                     current = self.watch_until(until) => watched = current,
                                 }
@@ -180,11 +194,13 @@ impl<S: LeaseStore> Driver<S> {
                     }
                 }
                 Err(err) => {
-                    if let Verdict::Log { suppressed } = failures.failed(Instant::now()) {
+                    if let Verdict::Log { suppressed } = failures.failed(crate::clock::now()) {
                         warn!(error = %err, suppressed, "Lease request failed; retrying every retry period");
                     }
                     let period = self.elector.timings().retry_period;
-                    pause = Some(Instant::now() + jitter(period, random_fraction()));
+                    attempts += 1;
+                    let fraction = spread(self.elector.identity(), attempts);
+                    pause = Some(crate::clock::now() + jitter(period, fraction));
                 }
             }
         }
@@ -227,7 +243,7 @@ impl<S: LeaseStore> Driver<S> {
         let holder = self.elector.holder().to_string();
         if let Some(exit) = pods
             .get(&holder)
-            .and_then(|pod| self.elector.observe_holder_pod(pod, Instant::now()))
+            .and_then(|pod| self.elector.observe_holder_pod(pod, crate::clock::now()))
         {
             info!(
                 holder,
@@ -251,18 +267,31 @@ impl<S: LeaseStore> Driver<S> {
         let timeout = self.elector.timings().retry_period;
         let result = tokio::time::timeout(timeout, self.store.get(self.elector.name())).await;
         match result {
-            Ok(Ok(Some(lease))) => self.elector.observe(&lease, Instant::now()),
-            Ok(Ok(None)) => self.elector.observe_absent(),
-            Ok(Err(err)) => return Err(format!("reading the Lease: {err}")),
-            Err(_) => return Err(format!("reading the Lease timed out after {timeout:?}")),
+            Ok(Ok(Some(lease))) => self.elector.observe(&lease, crate::clock::now()),
+            Ok(Ok(None)) => self.elector.observe_absent(crate::clock::now()),
+            Ok(Err(err)) => return Err(self.read_failed(format!("reading the Lease: {err}"))),
+            Err(_) => {
+                return Err(self.read_failed(format!(
+                    "reading the Lease timed out after {timeout:?}"
+                )));
+            }
         }
-        if !self.elector.is_leader(Instant::now()) && self.leadership.is_leading() {
+        if !self.elector.is_leader(crate::clock::now()) && self.leadership.is_leading() {
             self.leadership.step_down(
                 Transition::Lost,
                 "the Lease was changed or deleted by someone else",
             );
         }
         Ok(())
+    }
+
+    /// What a failed read changes: nothing (see the module doc), but in the simulator's
+    /// re-introduced defect.
+    fn read_failed(&mut self, err: String) -> String {
+        if bugs::on(Bug::ReadFailureRestartsExpiry) {
+            self.elector.forget_record();
+        }
+        err
     }
 
     /// One acquire or renew attempt, bounded in time (renewals are traced at debug level).
@@ -274,7 +303,7 @@ impl<S: LeaseStore> Driver<S> {
             debug_span!("leader_election.try_acquire")
         };
         let retry = self.attempt_once(renewing).instrument(span.clone()).await?;
-        if retry && self.elector.is_leader(Instant::now()) {
+        if retry && self.elector.is_leader(crate::clock::now()) {
             debug!("the Lease changed in metadata only: renewing again");
             self.attempt_once(true).instrument(span).await?;
         }
@@ -283,8 +312,8 @@ impl<S: LeaseStore> Driver<S> {
 
     /// Returns whether a renew conflicted and should be retried.
     async fn attempt_once(&mut self, renewing: bool) -> Result<bool, String> {
-        let started = Instant::now();
-        let action = self.elector.next_action(started, Timestamp::now());
+        let started = crate::clock::now();
+        let action = self.elector.next_action(started, self.wall.now());
         self.elector.sending(&action);
         let timings = self.elector.timings();
         // Never past the deadline while leading; at most one retry period in any case.
@@ -320,12 +349,12 @@ impl<S: LeaseStore> Driver<S> {
                 if renewing {
                     // Read at once: a changed record ends the term now, a relabel does not.
                     self.read().await?;
-                    return Ok(self.elector.is_leader(Instant::now()));
+                    return Ok(self.elector.is_leader(crate::clock::now()));
                 }
                 Ok(false)
             }
             Ok(Err(StoreError::NotFound)) => {
-                self.elector.observe_absent();
+                self.elector.observe_absent(crate::clock::now());
                 if self.leadership.is_leading() {
                     self.leadership
                         .step_down(Transition::Lost, "the Lease was deleted");
@@ -353,7 +382,7 @@ impl<S: LeaseStore> Driver<S> {
         // Rounded up: a server timeout shorter than the wait would leave this replica
         // blind to the Lease for the rest of it.
         let seconds = until
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(crate::clock::now())
             .as_secs_f64()
             .ceil()
             .max(1.0) as u32;
@@ -361,6 +390,7 @@ impl<S: LeaseStore> Driver<S> {
         tokio::pin!(deadline);
         let name = self.elector.name().to_string();
         let stream = tokio::select! {
+            biased;
             _ = &mut deadline => return false,
             stream = self.store.watch(&name, &rv, seconds) => stream,
         };
@@ -368,34 +398,44 @@ impl<S: LeaseStore> Driver<S> {
             deadline.await;
             return false;
         };
+        let opened = crate::clock::now();
         let mut stream = std::pin::pin!(stream);
         loop {
             tokio::select! {
+                biased;
                 _ = &mut deadline => return false,
                 _ = replicas::changed(&mut pods) => {
                     self.observe_replicas();
-                    let next = self.elector.next_action(Instant::now(), Timestamp::now());
+                    let next = self.elector.next_action(crate::clock::now(), self.wall.now());
                     if !matches!(next, Action::WaitUntil(_)) && self.may_lead() {
                         return true;
                     }
                 }
                 _ = intent_changed(&mut intent) => {
-                    let next = self.elector.next_action(Instant::now(), Timestamp::now());
+                    let next = self.elector.next_action(crate::clock::now(), self.wall.now());
                     if !matches!(next, Action::WaitUntil(_)) && self.may_lead() {
                         return true;
                     }
                 }
                 event = stream.next() => match event {
                     Some(Ok(LeaseEvent::Applied(lease))) => {
-                        self.elector.observe(&lease, Instant::now());
+                        self.elector.observe(&lease, crate::clock::now());
                         return true;
                     }
                     Some(Ok(LeaseEvent::Deleted)) => {
-                        self.elector.observe_absent();
+                        self.elector.observe_absent(crate::clock::now());
                         return true;
                     }
-                    // The server ended the watch early: read and watch again at once.
-                    None => return false,
+                    // The server ended the watch early: read and watch again at once,
+                    // unless it ended as it opened (410 Gone: the Lease's resourceVersion
+                    // was compacted away, and a watch from it fails until the Lease
+                    // changes): then poll at the deadline, not in a busy loop.
+                    None => {
+                        if crate::clock::now() < opened + MIN_WATCH {
+                            deadline.await;
+                        }
+                        return false;
+                    }
                     // The watch failed: fall back to waiting for the deadline.
                     Some(Err(_)) => {
                         deadline.await;
@@ -413,7 +453,7 @@ impl<S: LeaseStore> Driver<S> {
         // A follower takes a released Lease at once, with no margin for writes of ours that
         // the server may still apply: wait them out (at most until the fence's end, which is
         // before the Lease could expire), or leave the Lease to expire.
-        let limit = Instant::now() + self.elector.timings().renew_deadline + SETTLE_MARGIN;
+        let limit = crate::clock::now() + self.elector.timings().renew_deadline + SETTLE_MARGIN;
         if !self.leadership.writes_settled(limit).await {
             warn!(
                 writes = ?self.leadership.writes(),
@@ -430,7 +470,7 @@ impl<S: LeaseStore> Driver<S> {
             .and_then(|(replicas, me)| {
                 succession::successor(replicas.pods().values().map(AsRef::as_ref), me)
             });
-        let Some(lease) = self.elector.release(Timestamp::now(), successor.clone()) else {
+        let Some(lease) = self.elector.release(self.wall.now(), successor.clone()) else {
             return;
         };
         let span = info_span!(
@@ -468,7 +508,10 @@ mod tests {
         assert_eq!(jitter(p, 0.0), p);
         assert_eq!(jitter(p, 1.0), Duration::from_millis(2_400));
         assert_eq!(jitter(p, 7.0), Duration::from_millis(2_400));
-        let f = random_fraction();
+        let f = spread("a", 1);
         assert!((0.0..1.0).contains(&f), "{f}");
+        assert_ne!(f, spread("b", 1), "replicas differ");
+        assert_ne!(f, spread("a", 2), "attempts differ");
+        assert_eq!(f, spread("a", 1), "and replay");
     }
 }

@@ -11,10 +11,15 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
 use super::Timings;
+use crate::bugs::{self, Bug};
 use crate::fence::{MAX_WRITE_TIME, SETTLE_MARGIN};
 use crate::replicas::exit::{self, Exit};
 use crate::replicas::succession;
 use crate::replicas::this_pod::PodInfo;
+
+/// How many records sent without an answer are remembered as ours (one per attempt; a
+/// leader makes at most `renew_deadline / retry_period` attempts before stepping down).
+const MAX_UNANSWERED: usize = 16;
 
 /// What the last read of the Lease showed, and when this replica first saw its election
 /// record.
@@ -91,10 +96,11 @@ pub struct Elector {
     /// A record whose term is proven over: its holder's process exited ([`crash`]); and
     /// when the proof was seen.
     exited: Option<(LeaseSpec, Instant)>,
-    /// The last record this process wrote as the server confirmed it, and the last one it
-    /// sent: the only records that are ours (see the module doc).
+    /// The last record this process wrote as the server confirmed it, and those it sent
+    /// since without an answer (a slow server may apply any of them after the client gave
+    /// up): the only records that are ours (see the module doc).
     written: Option<LeaseSpec>,
-    sent: Option<LeaseSpec>,
+    sent: Vec<LeaseSpec>,
     /// Labels written on the Lease (scale-out mode: its group, which replicas watch).
     labels: Option<std::collections::BTreeMap<String, String>>,
 }
@@ -115,7 +121,7 @@ impl Elector {
             pod: None,
             exited: None,
             written: None,
-            sent: None,
+            sent: Vec::new(),
             labels: None,
         }
     }
@@ -177,6 +183,9 @@ impl Elector {
     /// How long a record is valid after it was observed: the larger of our lease duration
     /// and the one it states.
     fn duration_of(&self, spec: &LeaseSpec) -> Duration {
+        if bugs::on(Bug::OwnDurationOnly) {
+            return self.timings.lease_duration;
+        }
         let stated = spec
             .lease_duration_seconds
             .and_then(|s| u64::try_from(s).ok())
@@ -189,11 +198,14 @@ impl Elector {
         obs.since + self.duration_of(&obs.spec)
     }
 
-    /// Notes that the holder of the previous record vanished without a release: nobody
-    /// may take the Lease before that holder's fence has surely closed.
-    fn holder_vanished(&mut self, previous: &Observation) {
+    /// Notes that the holder of the previous record vanished without a release, seen at
+    /// `now`: nobody may take the Lease before that holder's fence has surely closed. Its
+    /// last renewal may have been missed (a watch that lagged, an outage), so the lease
+    /// duration counts from now, when the holder surely renewed no more, not from the
+    /// last renewal seen.
+    fn holder_vanished(&mut self, previous: &Observation, now: Instant) {
         if !previous.holder().is_empty() {
-            self.hold_off_until(self.expiry_of(previous));
+            self.hold_off_until(now + self.duration_of(&previous.spec));
         }
     }
 
@@ -208,7 +220,14 @@ impl Elector {
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
         let holder_pod = exit::Holder::of(lease);
-        if let Some(obs) = self.observed.as_mut().filter(|o| o.spec == spec) {
+        let restarts = |o: &Observation| {
+            bugs::on(Bug::MetadataRestartsExpiry) && o.resource_version != rv
+        };
+        if let Some(obs) = self
+            .observed
+            .as_mut()
+            .filter(|o| o.spec == spec && !restarts(o))
+        {
             // The same record (perhaps relabelled, perhaps after failed reads: it was not
             // renewed meanwhile): only the resourceVersion moves on, not the clock.
             obs.resource_version = rv;
@@ -217,9 +236,11 @@ impl Elector {
             return;
         }
         let previous = self.observed.take();
-        if holder_of(&spec).is_empty() && !is_release(previous.as_ref().map(|p| &p.spec), &spec) {
+        let released = is_release(previous.as_ref().map(|p| &p.spec), &spec)
+            || bugs::on(Bug::ClearedHolderIsRelease);
+        if holder_of(&spec).is_empty() && !released {
             match &previous {
-                Some(previous) => self.holder_vanished(previous),
+                Some(previous) => self.holder_vanished(previous, now),
                 // A cleared record whose history we never saw: it may hide a live holder.
                 None => self.hold_off_until(now + self.duration_of(&spec)),
             }
@@ -237,9 +258,11 @@ impl Elector {
 
     /// Records that the Lease does not exist (read or renew returned 404, or a watch said
     /// it was deleted).
-    pub fn observe_absent(&mut self) {
-        if let Some(previous) = self.observed.take() {
-            self.holder_vanished(&previous);
+    pub fn observe_absent(&mut self, now: Instant) {
+        if let Some(previous) = self.observed.take()
+            && !bugs::on(Bug::DeletedLeaseAtOnce)
+        {
+            self.holder_vanished(&previous, now);
         }
         self.absent = true;
         self.renewed_at = None;
@@ -381,16 +404,19 @@ impl Elector {
 
     /// Whether a record is this process's own: one it wrote (see the module doc).
     fn is_ours(&self, obs: &Observation) -> bool {
-        [&self.written, &self.sent]
-            .iter()
-            .any(|w| w.as_ref() == Some(&obs.spec))
+        self.written.as_ref() == Some(&obs.spec)
+            || self.sent.contains(&obs.spec)
+            || (bugs::on(Bug::FormerHolderIsOurs) && obs.holder() == self.identity)
     }
 
     /// Records that `action`'s Lease is about to be sent: if the answer is lost, the record
     /// may still be ours.
     pub fn sending(&mut self, action: &Action) {
         if let Action::Create(lease) | Action::Replace(lease) = action {
-            self.sent = lease.spec.clone();
+            if self.sent.len() == MAX_UNANSWERED {
+                self.sent.remove(0);
+            }
+            self.sent.extend(lease.spec.clone());
         }
     }
 
@@ -399,6 +425,8 @@ impl Elector {
     pub fn succeeded(&mut self, written: &Lease, started: Instant) -> bool {
         let was_leader = self.renewed_at.is_some();
         self.written = written.spec.clone();
+        // Any earlier write still in flight carries an older resourceVersion: it conflicts.
+        self.sent.clear();
         self.absent = false;
         self.observed = Some(Observation {
             resource_version: written.resource_version().unwrap_or_default(),
@@ -429,6 +457,14 @@ impl Elector {
                 .insert(succession::SUCCESSOR.into(), successor);
         }
         Some(lease)
+    }
+
+    /// Forgets the record observed, so the next read restarts its expiry clock: only the
+    /// simulator's re-introduced defect does this ([`Bug::ReadFailureRestartsExpiry`]).
+    pub(crate) fn forget_record(&mut self) {
+        if !self.is_leader(crate::clock::now()) {
+            self.observed = None;
+        }
     }
 
     /// Forgets leadership (after a failed renew past the deadline, or a release).
@@ -503,7 +539,7 @@ mod tests {
     fn creates_an_absent_lease_and_leads() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent();
+        e.observe_absent(t);
         let action = e.next_action(t, wall());
         let Action::Create(l) = &action else {
             panic!("{action:?}")
@@ -534,7 +570,7 @@ mod tests {
         };
         let mut e = Elector::new("me", "l", "ns", timings()).in_pod(Some(pod.clone()));
         let t = Instant::now();
-        e.observe_absent();
+        e.observe_absent(t);
         let created = e.next_action(t, wall());
         let Action::Create(l) = &created else {
             panic!("{created:?}")
@@ -567,7 +603,7 @@ mod tests {
             instance: Some("i1".into()),
             ..Default::default()
         }));
-        leader.observe_absent();
+        leader.observe_absent(t);
         let record = written(leader.next_action(t, wall()), "1");
         let mut follower = Elector::new("f", "l", "ns", timings());
         follower.observe(&record, t);
@@ -619,7 +655,7 @@ mod tests {
     fn renews_with_the_last_resource_version_and_keeps_the_term() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent();
+        e.observe_absent(t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         let renew_at = e.next_renew().unwrap();
         assert_eq!(renew_at, t + Duration::from_secs(2));
@@ -643,7 +679,7 @@ mod tests {
     fn steps_down_at_the_renew_deadline_without_a_renew() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent();
+        e.observe_absent(t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         assert!(e.is_leader(t + Duration::from_millis(9_999)));
         assert!(!e.is_leader(t + Duration::from_secs(10)));
@@ -726,7 +762,7 @@ mod tests {
     fn a_write_by_someone_else_ends_our_term_at_once() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent();
+        e.observe_absent(t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         e.observe(&lease("other", "2", wall()), t + Duration::from_secs(1));
         assert!(!e.is_leader(t + Duration::from_secs(1)));
@@ -737,7 +773,7 @@ mod tests {
     fn release_empties_the_holder_and_shortens_the_lease() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent();
+        e.observe_absent(t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         let released = e.release(wall(), None).unwrap();
         let spec = released.spec.unwrap();
@@ -762,7 +798,7 @@ mod tests {
         };
         let t = Instant::now();
         let mut leader = in_pod("old");
-        leader.observe_absent();
+        leader.observe_absent(t);
         let record = written(leader.next_action(t, wall()), "1");
         leader.succeeded(&record, t);
         let mut released = leader.release(later(), Some("new".into())).unwrap();
@@ -842,7 +878,7 @@ mod tests {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
         e.observe(&lease("other", "5", wall()), t);
-        e.observe_absent();
+        e.observe_absent(t);
         assert_eq!(
             e.next_action(t + Duration::from_secs(1), wall()),
             Action::WaitUntil(t + Duration::from_secs(15))
@@ -853,7 +889,7 @@ mod tests {
         ));
         // A Lease that never existed (as far as we know) is created at once.
         let mut fresh = Elector::new("me", "l", "ns", timings());
-        fresh.observe_absent();
+        fresh.observe_absent(t);
         assert!(matches!(fresh.next_action(t, wall()), Action::Create(_)));
     }
 
@@ -863,14 +899,16 @@ mod tests {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
         e.observe(&lease("other", "5", wall()), t);
-        // `holderIdentity: ""` patched in: duration and renewTime as they were.
+        // `holderIdentity: ""` patched in: duration and renewTime as they were. Renewals
+        // this replica missed may have extended the holder's fence: a whole duration from
+        // when the clearing is seen.
         e.observe(&lease("", "6", wall()), t + Duration::from_secs(3));
         assert_eq!(
             e.next_action(t + Duration::from_secs(3), wall()),
-            Action::WaitUntil(t + Duration::from_secs(15))
+            Action::WaitUntil(t + Duration::from_secs(18))
         );
         assert!(matches!(
-            e.next_action(t + Duration::from_secs(15), wall()),
+            e.next_action(t + Duration::from_secs(18), wall()),
             Action::Replace(_)
         ));
         // A cleared record seen for the first time may hide a live holder: one duration.
@@ -886,7 +924,7 @@ mod tests {
     fn a_graceful_release_is_taken_at_once() {
         let mut holder = Elector::new("other", "l", "ns", timings());
         let t = Instant::now();
-        holder.observe_absent();
+        holder.observe_absent(t);
         holder.succeeded(&written(holder.next_action(t, wall()), "5"), t);
         let mut released = holder.release(later(), None).unwrap();
         released.metadata.resource_version = Some("6".into());
@@ -906,7 +944,7 @@ mod tests {
     fn the_leader_loses_on_a_changed_record_but_not_on_a_relabel() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent();
+        e.observe_absent(t);
         let ours = written(e.next_action(t, wall()), "1");
         e.succeeded(&ours, t);
         let mut relabelled = ours.clone();
@@ -933,7 +971,7 @@ mod tests {
         let later = t + Duration::from_secs(101);
         e.succeeded(&written(e.next_action(later, wall()), "4"), later);
         assert!(e.is_leader(later));
-        e.observe_absent();
+        e.observe_absent(t);
         assert!(!e.is_leader(later));
     }
 
@@ -944,7 +982,7 @@ mod tests {
     fn after_an_outage_an_unchanged_record_keeps_its_expiry() {
         let t = Instant::now();
         let mut leader = Elector::new("me", "l", "ns", timings());
-        leader.observe_absent();
+        leader.observe_absent(t);
         let ours = written(leader.next_action(t, wall()), "1");
         leader.succeeded(&ours, t);
         let mut follower = Elector::new("f", "l", "ns", timings());
@@ -979,7 +1017,7 @@ mod tests {
     fn a_record_naming_us_that_we_did_not_write_is_not_ours() {
         let t = Instant::now();
         let mut p = Elector::new("p", "l", "ns", timings());
-        p.observe_absent();
+        p.observe_absent(t);
         p.succeeded(&written(p.next_action(t, wall()), "1"), t);
         // q took over after p's term; p follows.
         let later = t + Duration::from_secs(30);
@@ -1016,7 +1054,7 @@ mod tests {
         let t = Instant::now();
         let mut a = Elector::new("same", "l", "ns", timings());
         let mut b = Elector::new("same", "l", "ns", timings());
-        a.observe_absent();
+        a.observe_absent(t);
         let a_record = written(a.next_action(t, wall()), "1");
         a.succeeded(&a_record, t);
         b.observe(&a_record, t);
@@ -1051,7 +1089,7 @@ mod tests {
     fn a_record_sent_without_an_answer_is_recognised_as_ours() {
         let t = Instant::now();
         let mut e = Elector::new("me", "l", "ns", timings());
-        e.observe_absent();
+        e.observe_absent(t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         let t2 = t + Duration::from_secs(2);
         let at = wall() + Duration::from_nanos(2_000_000_789);
@@ -1075,7 +1113,7 @@ mod tests {
     fn a_restarted_process_waits_out_the_record_its_predecessor_wrote() {
         let t = Instant::now();
         let mut before = Elector::new("me", "l", "ns", timings());
-        before.observe_absent();
+        before.observe_absent(t);
         let record = written(before.next_action(t, wall()), "1");
         before.succeeded(&record, t);
         // The process dies; its successor, same identity, reads the record at once.

@@ -32,7 +32,8 @@
 //!   everyone acquires with the same compare-and-swap.
 //!   Any other way a holder disappears — the Lease deleted, or its holder cleared by a
 //!   foreign writer — is taken only after the previous holder's fence has surely closed: a
-//!   lease duration after this replica last saw that holder's record change.
+//!   lease duration after this replica saw it vanish (not after the last renewal it saw:
+//!   renewals it missed may have extended that fence).
 //! - The leader steps down at once when a renew finds the Lease deleted (404) or its
 //!   election record changed by someone else (409, then a read); a metadata-only change
 //!   only makes it renew again with the new resourceVersion.
@@ -47,7 +48,7 @@
 //!   attempt, or a follower whose clock ran out takes it over (one compare-and-swap wins):
 //!   an API server restart costs the restart, not a lease duration.
 //! - A record is this process's own only if it is exactly a record this process wrote (the
-//!   last one the server confirmed, or the last one sent, whose answer may have been lost;
+//!   last one the server confirmed, or one sent since, whose answer may have been lost;
 //!   renewTime is written to the microsecond, so no other writer repeats it by chance). A
 //!   record that merely names this identity is another holder's: a foreign write naming a
 //!   former holder, a container restarted in the same Pod, two processes given the same
@@ -61,5 +62,5 @@ mod timings;
 
 pub use driver::{Driver, Seat};
 pub use elector::{Action, Elector};
-pub use store::{KubeLeases, LeaseEvent, LeaseStore, StoreError};
+pub use store::{KubeLeases, LeaseEvent, LeaseEvents, LeaseStore, StoreError};
 pub use timings::Timings;

@@ -20,7 +20,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use http::{Method, Request, Response};
 use http_body_util::BodyExt;
@@ -33,6 +32,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 
 use super::{Fence, NotLeader, with_timeout};
+use crate::bugs::{self, Bug};
 
 /// A write abandoned at the fence's expiry (it may or may not have been applied before).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,15 +114,23 @@ where
             let response = self.inner.call(request);
             return Box::pin(async move { response.await.map_err(Into::into) });
         }
-        let write = match self.fence.begin_write(Instant::now()) {
+        let write = match self.fence.begin_write(crate::clock::now()) {
             Ok(write) => write,
             Err(not_leader) => return Box::pin(async move { Err(not_leader.into()) }),
         };
         let deadline = write.deadline();
-        *request.uri_mut() = with_timeout(request.uri(), &deadline.timeout_param());
+        let outlive = bugs::on(Bug::WritesOutliveFence);
+        if !outlive {
+            *request.uri_mut() = with_timeout(request.uri(), &deadline.timeout_param());
+        }
         let response = self.writes.clone().oneshot(request);
         Box::pin(async move {
-            match tokio::time::timeout_at(deadline.at.into(), response).await {
+            let cut_off = if outlive {
+                crate::clock::now() + std::time::Duration::from_secs(3600)
+            } else {
+                deadline.at
+            };
+            match tokio::time::timeout_at(cut_off.into(), response).await {
                 Ok(Ok(response)) => {
                     write.answered(response.status().as_u16());
                     Ok(response)
@@ -243,7 +251,7 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for FencedIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        if !self.fence.is_open(Instant::now()) {
+        if !self.fence.is_open(crate::clock::now()) {
             return Poll::Ready(Err(std::io::Error::other(NotLeader)));
         }
         Pin::new(&mut self.io).poll_write(cx, buf)
@@ -268,6 +276,7 @@ impl<T: Connection> Connection for FencedIo<T> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::time::Instant;
 
     #[tokio::test]
     async fn writes_carry_the_fence_and_reads_do_not() {

@@ -195,7 +195,7 @@ impl Fence {
     pub async fn wait_settled(&self, limit: Instant) -> bool {
         loop {
             // tokio's clock (the real one, or a test's paused one).
-            let now = tokio::time::Instant::now().into_std();
+            let now = crate::clock::now();
             let wake = match self.settled() {
                 Settled::Done => return true,
                 Settled::At(at) if at <= now => return true,
@@ -221,7 +221,7 @@ impl Fence {
 
     /// Whether a write may start now.
     pub fn check(&self) -> Result<(), NotLeader> {
-        self.deadline_at(Instant::now()).map(|_| ())
+        self.deadline_at(crate::clock::now()).map(|_| ())
     }
 }
 

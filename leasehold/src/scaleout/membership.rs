@@ -333,13 +333,13 @@ impl<C: ShardCaches> Membership<C> {
         // Start of the last successful renewal: this replica plans itself in while the
         // others can still see it live.
         let mut renewed: Option<Instant> = None;
-        let mut renew_at = Instant::now();
+        let mut renew_at = crate::clock::now();
         let mut failures = Throttle::new(Duration::from_secs(30));
         // Since when a takeover has been pending (new standby caches wait for it).
         let mut deferring: Option<Instant> = None;
         let retry = self.member.timings.retry_period;
         loop {
-            let now = Instant::now();
+            let now = crate::clock::now();
             let warm_mine = self.caches.warm_shards();
             let stale = written.as_ref().is_none_or(|w| {
                 w.annotations().get(WARM_ANNOTATION) != Some(&format_shards(&warm_mine))
@@ -351,17 +351,17 @@ impl<C: ShardCaches> Membership<C> {
                         if let Some(run) = failures.succeeded() {
                             info!(failures = run, "member Lease renewals succeed again");
                         }
-                        group.observe(&lease, Instant::now(), Timestamp::now());
+                        group.observe(&lease, crate::clock::now(), Timestamp::now());
                         written = Some(lease);
-                        renew_at = Instant::now() + retry;
+                        renew_at = crate::clock::now() + retry;
                     }
                     Err(err) => {
-                        if let Verdict::Log { suppressed } = failures.failed(Instant::now()) {
+                        if let Verdict::Log { suppressed } = failures.failed(crate::clock::now()) {
                             warn!(error = %err, suppressed, "renewing the member Lease failed; retrying every retry period");
                         }
                         // Read it again before the next attempt.
                         written = None;
-                        renew_at = Instant::now() + retry;
+                        renew_at = crate::clock::now() + retry;
                     }
                 }
             }
@@ -369,7 +369,7 @@ impl<C: ShardCaches> Membership<C> {
             let mut replan_by = None;
             if listed {
                 let joined = renewed
-                    .is_some_and(|at| Instant::now() < at + self.member.timings.lease_duration);
+                    .is_some_and(|at| crate::clock::now() < at + self.member.timings.lease_duration);
                 replan_by = self.replan(&group, joined, &mut deferring);
                 if renewed == Some(now) {
                     self.sweep(&group).await;
@@ -377,23 +377,24 @@ impl<C: ShardCaches> Membership<C> {
             }
             let wake = group
                 .next_expiry(&self.member.group, self.member.timings.lease_duration)
-                .filter(|t| *t > Instant::now())
+                .filter(|t| *t > crate::clock::now())
                 .into_iter()
                 .chain(replan_by)
                 .fold(renew_at, Instant::min);
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep_until(wake.into()) => {}
                 _ = warmed.changed() => {}
                 _ = replicas::changed(&mut pods) => {}
                 _ = futures::future::select_all(roles.iter_mut().map(|r| Box::pin(r.changed()))) => {}
                 event = events.next() => match event {
-                    Some(Event::Apply(lease)) => group.observe(&lease, Instant::now(), Timestamp::now()),
+                    Some(Event::Apply(lease)) => group.observe(&lease, crate::clock::now(), Timestamp::now()),
                     Some(Event::Delete(lease)) => group.forget(&lease.name_any()),
                     Some(Event::Init) => listing = Some(Group::default()),
                     Some(Event::InitApply(lease)) => {
                         if let Some(fresh) = listing.as_mut() {
-                            fresh.observe(&lease, Instant::now(), Timestamp::now());
+                            fresh.observe(&lease, crate::clock::now(), Timestamp::now());
                         }
                     }
                     Some(Event::InitDone) => {
@@ -435,7 +436,7 @@ impl<C: ShardCaches> Membership<C> {
             self.member.key.shards(),
             me,
             self.member.timings.lease_duration,
-            Instant::now(),
+            crate::clock::now(),
             &pods,
         );
         let plan = assignment::plan(&view, self.member.standbys);
@@ -448,7 +449,7 @@ impl<C: ShardCaches> Membership<C> {
             .collect();
         warm.insert(self.member.identity.clone(), self.caches.warm_shards());
         let intent = assignment::intent(&plan, &self.member.identity, &warm, &held);
-        let now = Instant::now();
+        let now = crate::clock::now();
         let until = if assignment::takeover_pending(&plan, &self.member.identity, &held) {
             Some(*deferring.get_or_insert(now) + self.member.timings.retry_period)
         } else {
@@ -581,7 +582,7 @@ impl<C: ShardCaches> Membership<C> {
     /// Deletes the group's tombstones that are older than [`TOMBSTONE_AGE`] (each only
     /// if unchanged since it was seen); a failure is left to the next sweep.
     async fn sweep(&self, group: &Group) {
-        for (name, resource_version) in group.tombstones(&self.member.group, Instant::now()) {
+        for (name, resource_version) in group.tombstones(&self.member.group, crate::clock::now()) {
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     resource_version: Some(resource_version),

@@ -1,0 +1,313 @@
+//! The invariants, judged on the simulated API server's effect order (when a change took
+//! effect, not when it was sent or answered), as Jepsen's checkers judge a history.
+//!
+//! - **Fenced writes**: a term begins when a replica's acquire of the Lease takes effect
+//!   (its write of a record naming it, over a record it did not write). No object write of
+//!   a term takes effect after another process's term began.
+//! - **One leader, soon**: when the faults are over, exactly one process leads, its term
+//!   began by the bound below, and it wrote every key.
+//! - **Bounded requests**: no process sends more than [`MAX_LEASE_REQUESTS_PER_SECOND`]
+//!   Lease requests in any second, outage or not.
+//! - **No panic** in any task.
+//!
+//! The bound on a new leader: from the moment every fault is over (`h`), a replica whose
+//! own record is current (not deleted) takes it back within two retry periods; otherwise a follower must
+//! first see the last change of the record (`c`: within two retry periods of the first
+//! moment from `c` on when nothing cuts it off for that long), then wait a lease duration (the longest
+//! any replica waits, a graceful release none), then one more retry period.
+//! `B = max(h, min over followers of that) + 2 × retry period + 1 s`.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+
+use crate::history::History;
+use crate::server::{By, Effect};
+
+/// The most Lease requests one process may send in any second.
+pub const MAX_LEASE_REQUESTS_PER_SECOND: usize = 6;
+/// Slack on the leader bound: latencies and watch lag.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// What a process did, as the checker needs it.
+#[derive(Debug, Clone)]
+pub struct ProcessFacts {
+    /// Its replica slot.
+    pub replica: usize,
+    /// When it started.
+    pub started: Duration,
+    /// Alive when the history ended.
+    pub alive: bool,
+    /// Its fence open when the history ended (it believes it leads).
+    pub leads: bool,
+}
+
+/// What happened in a history.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// Every change, in effect order.
+    pub effects: Vec<Effect>,
+    /// Every process, by pid.
+    pub processes: Vec<ProcessFacts>,
+    /// Every Lease request: (pid, when sent).
+    pub lease_requests: Vec<(usize, Duration)>,
+    /// When the history ended.
+    pub end: Duration,
+    /// Panics of any task.
+    pub panics: Vec<String>,
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which invariant.
+    pub invariant: &'static str,
+    /// What happened.
+    pub what: String,
+}
+
+/// A term: a process's tenure, from the effect of its acquire.
+#[derive(Debug, Clone, Copy)]
+struct Term {
+    pid: usize,
+    began: Duration,
+}
+
+fn holder(spec: &Option<LeaseSpec>) -> &str {
+    spec.as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .unwrap_or_default()
+}
+
+/// The terms, in the order they began; and the last change of the election record (or
+/// deletion) at or before `h`, with the pid that wrote it if a process did.
+fn terms(history: &History, facts: &Facts, h: Duration) -> (Vec<Term>, Duration, Option<usize>, Option<LeaseSpec>) {
+    let mut terms = Vec::new();
+    let mut current: Option<LeaseSpec> = None;
+    let mut author: Option<usize> = None;
+    let mut changed = Duration::ZERO;
+    let mut at_h = (Duration::ZERO, None, None);
+    for effect in &facts.effects {
+        let Effect::Lease { at, by, spec, .. } = effect else {
+            continue;
+        };
+        let same_record = spec.is_some() && *spec == current;
+        match by {
+            By::Process(pid) => {
+                let identity = &history.replicas[facts.processes[*pid].replica].identity;
+                let renewing = author == Some(*pid) && holder(&current) == identity;
+                if holder(spec) == identity && !renewing {
+                    terms.push(Term {
+                        pid: *pid,
+                        began: *at,
+                    });
+                }
+                author = Some(*pid);
+            }
+            By::Foreign if same_record => {}
+            By::Foreign => author = None,
+        }
+        if !same_record {
+            changed = *at;
+        }
+        current = spec.clone();
+        if *at <= h {
+            at_h = (changed, author, current.clone());
+        }
+    }
+    (terms, at_h.0, at_h.1, at_h.2)
+}
+
+/// Checks every invariant.
+pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
+    let mut violations: Vec<Violation> = facts
+        .panics
+        .iter()
+        .map(|p| Violation {
+            invariant: "no panic",
+            what: p.clone(),
+        })
+        .collect();
+    let h = history.quiet_from();
+    let (terms, changed, author, record) = terms(history, facts, h);
+    let who = |pid: usize| format!("r{}#{pid}", facts.processes[pid].replica);
+    // Fenced writes.
+    for effect in &facts.effects {
+        let Effect::Write { at, sent, pid, key } = effect else {
+            continue;
+        };
+        let Some(own) = terms
+            .iter()
+            .filter(|t| t.pid == *pid && t.began <= *sent)
+            .last()
+        else {
+            violations.push(Violation {
+                invariant: "fenced writes",
+                what: format!(
+                    "{} wrote {key} (took effect at {}) without ever having acquired the Lease",
+                    who(*pid),
+                    secs(*at)
+                ),
+            });
+            continue;
+        };
+        if let Some(newer) = terms
+            .iter()
+            .find(|t| t.pid != *pid && t.began > own.began && t.began < *at)
+        {
+            violations.push(Violation {
+                invariant: "fenced writes",
+                what: format!(
+                    "{}'s write of {key}, let through its fence at {} in its term begun at {}, took effect at {}, after {}'s term began at {}",
+                    who(*pid),
+                    secs(*sent),
+                    secs(own.began),
+                    secs(*at),
+                    who(newer.pid),
+                    secs(newer.began)
+                ),
+            });
+        }
+    }
+    // One leader, soon.
+    let leaders: Vec<usize> = (0..facts.processes.len())
+        .filter(|p| facts.processes[*p].leads)
+        .collect();
+    let due = leader_due(history, facts, h, changed, author, record.as_ref());
+    match leaders.as_slice() {
+        [leader] => {
+            let term = terms.iter().filter(|t| t.pid == *leader).last();
+            match term {
+                Some(term) if term.began > due => violations.push(Violation {
+                    invariant: "one leader, soon",
+                    what: format!(
+                        "the faults were over at {}; a leader was due by {} but {}'s term began at {}",
+                        secs(h),
+                        secs(due),
+                        who(*leader),
+                        secs(term.began)
+                    ),
+                }),
+                Some(term) => {
+                    let written: std::collections::BTreeSet<&str> = facts
+                        .effects
+                        .iter()
+                        .filter_map(|e| match e {
+                            Effect::Write { pid, key, at, .. }
+                                if pid == leader && *at >= term.began =>
+                            {
+                                Some(key.as_str())
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    if written.len() < history.keys {
+                        violations.push(Violation {
+                            invariant: "one leader, soon",
+                            what: format!(
+                                "{} leads but wrote {} of {} keys in its term",
+                                who(*leader),
+                                written.len(),
+                                history.keys
+                            ),
+                        });
+                    }
+                }
+                None => violations.push(Violation {
+                    invariant: "one leader, soon",
+                    what: format!("{} believes it leads without a term", who(*leader)),
+                }),
+            }
+        }
+        _ => violations.push(Violation {
+            invariant: "one leader, soon",
+            what: format!(
+                "{} processes lead at the end ({}), {} after the faults were over (a leader was due by {})",
+                leaders.len(),
+                leaders.iter().map(|p| who(*p)).collect::<Vec<_>>().join(", "),
+                secs(facts.end - h),
+                secs(due)
+            ),
+        }),
+    }
+    // Bounded requests.
+    for pid in 0..facts.processes.len() {
+        let sent: Vec<Duration> = facts
+            .lease_requests
+            .iter()
+            .filter(|(p, _)| *p == pid)
+            .map(|(_, t)| *t)
+            .collect();
+        if let Some(i) = (MAX_LEASE_REQUESTS_PER_SECOND..sent.len())
+            .find(|i| sent[*i] - sent[i - MAX_LEASE_REQUESTS_PER_SECOND] < Duration::from_secs(1))
+        {
+            violations.push(Violation {
+                invariant: "bounded requests",
+                what: format!(
+                    "{} sent {} Lease requests within a second, from {}",
+                    who(pid),
+                    MAX_LEASE_REQUESTS_PER_SECOND + 1,
+                    secs(sent[i - MAX_LEASE_REQUESTS_PER_SECOND])
+                ),
+            });
+        }
+    }
+    violations
+}
+
+/// When a leader is due (see the module doc).
+fn leader_due(
+    history: &History,
+    facts: &Facts,
+    h: Duration,
+    changed: Duration,
+    author: Option<usize>,
+    record: Option<&LeaseSpec>,
+) -> Duration {
+    let retry = history.longest_retry();
+    // A deleted Lease is recreated only once its last holder's fence has surely closed,
+    // by that holder too.
+    let author_alive = author.is_some_and(|p| facts.processes[p].alive) && record.is_some();
+    let released = record.is_some_and(|r| {
+        r.holder_identity.as_deref().unwrap_or_default().is_empty()
+            && r.lease_duration_seconds == Some(1)
+            && author.is_some()
+    });
+    let wait = if released {
+        Duration::ZERO
+    } else {
+        history.longest_lease()
+    };
+    let followers = facts
+        .processes
+        .iter()
+        .filter(|p| p.alive)
+        .map(|p| {
+            connected_from(history, p.replica, changed.max(p.started), retry * 2) + retry * 2 + wait
+        })
+        .min()
+        .unwrap_or(h);
+    let available = if author_alive { h } else { followers };
+    h.max(available) + retry * 2 + SLACK
+}
+
+/// The first moment from `t` on from which no fault cuts `replica` off for `span` (long
+/// enough to read the Lease).
+fn connected_from(history: &History, replica: usize, mut t: Duration, span: Duration) -> Duration {
+    loop {
+        let cut_until = history
+            .faults
+            .iter()
+            .filter(|f| f.fault.cuts(replica) && f.at < t + span && t < f.until())
+            .map(|f| f.until())
+            .max();
+        match cut_until {
+            Some(until) => t = until,
+            None => return t,
+        }
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
