@@ -39,7 +39,10 @@ impl Bug {
         (Bug::DeletedLeaseAtOnce, "deleted-lease-at-once"),
         (Bug::WritesOutliveFence, "writes-outlive-fence"),
         (Bug::FormerHolderIsOurs, "former-holder-is-ours"),
-        (Bug::ReadFailureRestartsExpiry, "read-failure-restarts-expiry"),
+        (
+            Bug::ReadFailureRestartsExpiry,
+            "read-failure-restarts-expiry",
+        ),
         (Bug::AnyShardStore, "any-shard-store"),
     ];
 

@@ -2,15 +2,17 @@
 //! effect, not when it was sent or answered), as Jepsen's checkers judge a history.
 //!
 //! - **Fenced writes**: a term begins when a replica's acquire of the Lease takes effect
-//!   (its write of a record naming it, over a record it did not write). No object write of
-//!   a term takes effect after another process's term began.
+//!   (its write of a record naming it, over a record it did not write) and the replica
+//!   then leads on it (an acquire it disowns, and never leads, is no term). No object
+//!   write of a term takes effect after another process's term began.
 //! - **One leader, soon**: when the faults are over, exactly one process leads, its term
 //!   began by the bound below, and it wrote every key.
 //! - **Bounded requests**: no process sends more than [`MAX_LEASE_REQUESTS_PER_SECOND`]
 //!   Lease requests in any second, outage or not.
 //! - **No panic** in any task.
 //!
-//! The bound on a new leader: from the moment every fault is over (`h`), a replica whose
+//! The bound on a new leader: from the moment every fault is over (`h`: the last fault's
+//! end, plus the longest a slow server held a request, which may land after it), a replica whose
 //! own record is current (not deleted) takes it back within two retry periods; otherwise a follower must
 //! first see the last change of the record (`c`: within two retry periods of the first
 //! moment from `c` on when nothing cuts it off for that long), then wait a lease duration (the longest
@@ -21,11 +23,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 
-use crate::history::History;
+use crate::history::{Fault, History};
 use crate::server::{By, Effect};
 
-/// The most Lease requests one process may send in any second.
-pub const MAX_LEASE_REQUESTS_PER_SECOND: usize = 6;
+/// The most Lease requests one process may send in any second: a takeover race costs up
+/// to seven (read, watch, acquire, conflict, read, watch); a busy loop costs hundreds.
+pub const MAX_LEASE_REQUESTS_PER_SECOND: usize = 8;
 /// Slack on the leader bound: latencies and watch lag.
 const SLACK: Duration = Duration::from_secs(1);
 
@@ -51,6 +54,8 @@ pub struct Facts {
     pub processes: Vec<ProcessFacts>,
     /// Every Lease request: (pid, when sent).
     pub lease_requests: Vec<(usize, Duration)>,
+    /// Every time a process's fence opened on a new term: (pid, when).
+    pub led: Vec<(usize, Duration)>,
     /// When the history ended.
     pub end: Duration,
     /// Panics of any task.
@@ -80,9 +85,13 @@ fn holder(spec: &Option<LeaseSpec>) -> &str {
 }
 
 /// The terms, in the order they began; and the last change of the election record (or
-/// deletion) at or before `h`, with the pid that wrote it if a process did.
-fn terms(history: &History, facts: &Facts, h: Duration) -> (Vec<Term>, Duration, Option<usize>, Option<LeaseSpec>) {
-    let mut terms = Vec::new();
+/// deletion) at or before `h`, with the pid that wrote it if a process did and led on it.
+fn terms(
+    history: &History,
+    facts: &Facts,
+    h: Duration,
+) -> (Vec<Term>, Duration, Option<usize>, Option<LeaseSpec>) {
+    let mut acquires: Vec<Term> = Vec::new();
     let mut current: Option<LeaseSpec> = None;
     let mut author: Option<usize> = None;
     let mut changed = Duration::ZERO;
@@ -97,7 +106,7 @@ fn terms(history: &History, facts: &Facts, h: Duration) -> (Vec<Term>, Duration,
                 let identity = &history.replicas[facts.processes[*pid].replica].identity;
                 let renewing = author == Some(*pid) && holder(&current) == identity;
                 if holder(spec) == identity && !renewing {
-                    terms.push(Term {
+                    acquires.push(Term {
                         pid: *pid,
                         began: *at,
                     });
@@ -115,7 +124,32 @@ fn terms(history: &History, facts: &Facts, h: Duration) -> (Vec<Term>, Duration,
             at_h = (changed, author, current.clone());
         }
     }
-    (terms, at_h.0, at_h.1, at_h.2)
+    // An acquire is a term if its process led on it: its fence opened after it, before
+    // its next acquire.
+    let terms = acquires
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| {
+            let next = acquires[i + 1..]
+                .iter()
+                .find(|n| n.pid == a.pid)
+                .map_or(Duration::MAX, |n| n.began);
+            facts
+                .led
+                .iter()
+                .any(|(pid, at)| *pid == a.pid && a.began <= *at && *at < next)
+        })
+        .map(|(_, a)| *a)
+        .collect::<Vec<Term>>();
+    // The author counts only if it led on its last acquire (not a create it disowned).
+    let author = at_h.1.filter(|p| {
+        let last = acquires
+            .iter()
+            .filter(|a| a.pid == *p && a.began <= h)
+            .last();
+        last.is_some_and(|last| terms.iter().any(|t| t.pid == *p && t.began == last.began))
+    });
+    (terms, at_h.0, author, at_h.2)
 }
 
 /// Checks every invariant.
@@ -128,7 +162,17 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
             what: p.clone(),
         })
         .collect();
-    let h = history.quiet_from();
+    // The faults are over once the requests a slow server held have landed too.
+    let held = history
+        .faults
+        .iter()
+        .filter_map(|f| match f.fault {
+            Fault::Slow { up_to, .. } => Some(up_to),
+            _ => None,
+        })
+        .max()
+        .unwrap_or_default();
+    let h = history.quiet_from() + held;
     let (terms, changed, author, record) = terms(history, facts, h);
     let who = |pid: usize| format!("r{}#{pid}", facts.processes[pid].replica);
     // Fenced writes.

@@ -46,10 +46,17 @@ pub enum Fault {
     ClearHolder,
     /// A foreign writer changes only the Lease's labels.
     Relabel,
+    /// A foreign controller relabels the Lease every `every`, for `lasting` (a label
+    /// syncer, a GitOps tool): metadata-only writes, one after another.
+    Relabeler { lasting: Duration, every: Duration },
     /// A foreign writer names a replica as holder, with fresh times.
     NameHolder { replica: usize },
     /// The replica's node steps its wall clock.
-    StepWall { replica: usize, by: Duration, back: bool },
+    StepWall {
+        replica: usize,
+        by: Duration,
+        back: bool,
+    },
     /// The API server ends every watch.
     EndWatches,
     /// The API server compacts: watches from an older resourceVersion get 410 Gone.
@@ -65,7 +72,8 @@ impl Fault {
             | Fault::Partition { lasting, .. }
             | Fault::Outage { lasting, .. }
             | Fault::Slow { lasting, .. }
-            | Fault::ThrottleLeases { lasting, .. } => *lasting,
+            | Fault::ThrottleLeases { lasting, .. }
+            | Fault::Relabeler { lasting, .. } => *lasting,
             _ => Duration::ZERO,
         }
     }
@@ -246,7 +254,7 @@ fn draw_fault(rng: &mut Rng, replicas: usize) -> Fault {
     let s = Duration::from_secs;
     let mut rng = Rounded(rng);
     let rng = &mut rng;
-    match rng.below(14) {
+    match rng.below(15) {
         0 | 1 => Fault::Crash {
             replica,
             down: rng.between(s(0), s(30)),
@@ -285,6 +293,10 @@ fn draw_fault(rng: &mut Rng, replicas: usize) -> Fault {
             back: rng.chance(0.5),
         },
         12 => Fault::EndWatches,
+        13 => Fault::Relabeler {
+            lasting: rng.between(s(5), s(60)),
+            every: rng.between(Duration::from_millis(500), s(5)),
+        },
         _ => Fault::Compact,
     }
 }
@@ -314,22 +326,39 @@ impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = |d: &Duration| format!("{:.3}s", d.as_secs_f64());
         match self {
-            Fault::Crash { replica, down } => write!(f, "SIGKILL r{replica}, restart after {}", d(down)),
+            Fault::Crash { replica, down } => {
+                write!(f, "SIGKILL r{replica}, restart after {}", d(down))
+            }
             Fault::Shutdown { replica, down } => {
                 write!(f, "SIGTERM r{replica}, restart after {}", d(down))
             }
-            Fault::Freeze { replica, lasting } => write!(f, "SIGSTOP r{replica} for {}", d(lasting)),
+            Fault::Freeze { replica, lasting } => {
+                write!(f, "SIGSTOP r{replica} for {}", d(lasting))
+            }
             Fault::Partition { replica, lasting } => {
-                write!(f, "partition r{replica} from the API server for {}", d(lasting))
+                write!(
+                    f,
+                    "partition r{replica} from the API server for {}",
+                    d(lasting)
+                )
             }
             Fault::Outage { lasting, refused } => write!(
                 f,
                 "API server down for {} ({})",
                 d(lasting),
-                if *refused { "connections refused" } else { "requests hang" }
+                if *refused {
+                    "connections refused"
+                } else {
+                    "requests hang"
+                }
             ),
             Fault::Slow { lasting, up_to } => {
-                write!(f, "API server slow for {} (each request up to {})", d(lasting), d(up_to))
+                write!(
+                    f,
+                    "API server slow for {} (each request up to {})",
+                    d(lasting),
+                    d(up_to)
+                )
             }
             Fault::ThrottleLeases { replica, lasting } => {
                 write!(f, "429 on r{replica}'s Lease requests for {}", d(lasting))
@@ -337,6 +366,12 @@ impl fmt::Display for Fault {
             Fault::Delete => f.write_str("foreign writer deletes the Lease"),
             Fault::ClearHolder => f.write_str("foreign writer clears the holder"),
             Fault::Relabel => f.write_str("foreign writer relabels the Lease"),
+            Fault::Relabeler { lasting, every } => write!(
+                f,
+                "foreign controller relabels the Lease every {} for {}",
+                d(every),
+                d(lasting)
+            ),
             Fault::NameHolder { replica } => write!(f, "foreign writer names r{replica} holder"),
             Fault::StepWall { replica, by, back } => write!(
                 f,

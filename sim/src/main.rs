@@ -138,7 +138,11 @@ fn describe(history: &History) -> String {
 fn replay(args: &Args, seed: u64) -> Result<()> {
     let history = history(args, seed);
     let outcome = run(&history, true);
-    println!("seed {seed}: {} replicas\n{}", history.replicas.len(), describe(&history));
+    println!(
+        "seed {seed}: {} replicas\n{}",
+        history.replicas.len(),
+        describe(&history)
+    );
     if args.trace || !outcome.violations.is_empty() {
         for line in &outcome.trace {
             println!("{line}");
@@ -146,7 +150,10 @@ fn replay(args: &Args, seed: u64) -> Result<()> {
     }
     report(&outcome);
     if outcome.violations.is_empty() {
-        println!("seed {seed} passes ({:.0} s simulated)", outcome.simulated.as_secs_f64());
+        println!(
+            "seed {seed} passes ({:.0} s simulated)",
+            outcome.simulated.as_secs_f64()
+        );
         Ok(())
     } else {
         bail!("seed {seed} fails")
@@ -302,7 +309,11 @@ fn explore(args: &Args, bug: Option<Bug>) -> Result<()> {
     }
     let (kept, shrunk) = shrink(args, *seed, invariant);
     let history = History::generate(*seed, args.replicas).only(&kept);
-    println!("seed {seed} [{invariant}], shrunk to {} of its faults:\n{}", kept.len(), describe(&history));
+    println!(
+        "seed {seed} [{invariant}], shrunk to {} of its faults:\n{}",
+        kept.len(),
+        describe(&history)
+    );
     if bug.is_none() || args.trace {
         for line in &shrunk.trace {
             println!("{line}");
@@ -345,7 +356,10 @@ fn every_bug(args: &Args) -> Result<()> {
                 outcome.violations[0].invariant
             ),
             None => {
-                println!("| `{name}` | NOT CAUGHT in {} histories | | | |", found.ran());
+                println!(
+                    "| `{name}` | NOT CAUGHT in {} histories | | | |",
+                    found.ran()
+                );
                 missed.push(name);
             }
         }

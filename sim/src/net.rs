@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use http::{Request, Response};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube_leasehold::election::{LeaseEvent, LeaseEvents, LeaseStore, StoreError};
+use kube_leasehold::election::{LeaseEvent, LeaseEvents, LeaseStore, Read, StoreError};
 use tokio::sync::{mpsc, oneshot};
 use tower::{BoxError, Service};
 
@@ -43,13 +43,21 @@ enum Req {
     Get(String),
     Create(Lease),
     Replace(Lease),
-    Watch { name: String, from: String, secs: u32 },
-    Write { key: String, timeout: Option<Duration>, sent: Duration },
+    Watch {
+        name: String,
+        from: String,
+        secs: u32,
+    },
+    Write {
+        key: String,
+        timeout: Option<Duration>,
+        sent: Duration,
+    },
 }
 
 /// An answer.
 enum Resp {
-    Got(Option<Lease>),
+    Got(Read),
     Wrote(Result<Lease, StoreError>),
     Watching(Option<mpsc::UnboundedReceiver<Result<LeaseEvent, StoreError>>>),
     Status(u16),
@@ -120,7 +128,9 @@ async fn journey(world: World, pid: usize, req: Req, answer: oneshot::Sender<Res
         }
         // The fenced socket takes bytes only while the fence is open.
         if matches!(req, Req::Write { .. })
-            && !state.processes[pid].fence.is_open(kube_leasehold::clock::now())
+            && !state.processes[pid]
+                .fence
+                .is_open(kube_leasehold::clock::now())
         {
             return;
         }
@@ -136,7 +146,13 @@ async fn journey(world: World, pid: usize, req: Req, answer: oneshot::Sender<Res
             None => rng.between(HANDLING.0, HANDLING.1),
         };
         let throttled = req.is_lease() && state.slots[replica].throttled > 0;
-        (out, back, handling, throttled, state.refused && state.outages > 0)
+        (
+            out,
+            back,
+            handling,
+            throttled,
+            state.refused && state.outages > 0,
+        )
     };
     tokio::time::sleep(out).await;
     if cut(&world, pid) {
@@ -145,8 +161,13 @@ async fn journey(world: World, pid: usize, req: Req, answer: oneshot::Sender<Res
     let resp = if refused {
         None
     } else if throttled {
-        Some(Resp::Failed(StoreError::Other("429 Too Many Requests".into())))
-    } else if let Req::Write { timeout: Some(timeout), .. } = &req
+        Some(Resp::Failed(StoreError::Other(
+            "429 Too Many Requests".into(),
+        )))
+    } else if let Req::Write {
+        timeout: Some(timeout),
+        ..
+    } = &req
         && handling > *timeout
     {
         // The API server gives up at the request's timeout, before applying it.
@@ -217,8 +238,10 @@ fn describe(req: &Req, resp: &Resp) -> String {
         )
     };
     match (req, resp) {
-        (Req::Get(_), Resp::Got(Some(l))) => format!("GET Lease → {}", record(l)),
-        (Req::Get(_), _) => "GET Lease → 404".into(),
+        (Req::Get(_), Resp::Got(Read::Found(l))) => format!("GET Lease → {}", record(l)),
+        (Req::Get(_), Resp::Got(Read::Absent { resource_version })) => {
+            format!("GET Lease → absent at rv {resource_version}")
+        }
         (Req::Create(_), Resp::Wrote(Ok(l))) => format!("CREATE Lease → {}", record(l)),
         (Req::Replace(_), Resp::Wrote(Ok(l))) => format!("REPLACE Lease → {}", record(l)),
         (Req::Create(_) | Req::Replace(_), Resp::Wrote(Err(e))) => format!("WRITE Lease → {e}"),
@@ -276,9 +299,9 @@ fn forward(
 }
 
 impl LeaseStore for Link {
-    async fn get(&self, name: &str) -> Result<Option<Lease>, StoreError> {
+    async fn get(&self, name: &str) -> Result<Read, StoreError> {
         match self.send(Req::Get(name.into())).await? {
-            Resp::Got(lease) => Ok(lease),
+            Resp::Got(read) => Ok(read),
             Resp::Failed(err) => Err(err),
             _ => unreachable!("a GET is answered with a Lease"),
         }
@@ -312,8 +335,8 @@ impl LeaseStore for Link {
             secs: timeout_secs,
         };
         match self.send(req).await? {
-            // 410 Gone: an error event, then the end (as `KubeLeases` delivers it).
-            Resp::Watching(None) => Ok(futures::stream::empty().boxed()),
+            // 410 Gone, then the end (as `KubeLeases` delivers it).
+            Resp::Watching(None) => Ok(futures::stream::iter([Err(StoreError::Gone)]).boxed()),
             Resp::Watching(Some(mut events)) => {
                 Ok(futures::stream::poll_fn(move |cx| events.poll_recv(cx)).boxed())
             }

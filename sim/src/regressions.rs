@@ -27,6 +27,42 @@ const REGRESSIONS: &[Regression] = &[
                 record sent, took its own earlier record for a foreign one and waited a lease \
                 duration; every record sent since the last answer is now the leader's own",
     },
+    Regression {
+        seed: 340,
+        only: &[0, 1, 2, 5, 6],
+        fixed: "a deleted Lease was recreated a lease duration after the last renewal a \
+                follower had seen; an outage had hidden the holder's latest renewal, so the \
+                holder still wrote; the wait now counts from when the deletion is seen",
+    },
+    Regression {
+        seed: 3648,
+        only: &[0, 3],
+        fixed: "while the Lease was absent, followers only polled it, and a term that began \
+                and was deleted between two polls went unseen; reads now say as of which \
+                resourceVersion the Lease is absent, and the watch starts there",
+    },
+    Regression {
+        seed: 6697,
+        only: &[3, 4],
+        fixed: "a process that started just after the Lease was deleted under a live holder \
+                created it at once; a Lease absent at the first look is now created after a \
+                lease duration",
+    },
+    Regression {
+        seed: 1683,
+        only: &[0],
+        fixed: "a Lease created and deleted while another replica's watch had not yet \
+                delivered it: that replica created it again and led beside the first; a \
+                creator now leads only if the watch from where it saw the Lease absent shows \
+                its create first, and leaves the Lease to expire otherwise",
+    },
+    Regression {
+        seed: 5269,
+        only: &[0, 1, 2, 3, 4, 5],
+        fixed: "a holder cleared twice by a foreign writer, with a term between that one \
+                replica never saw: it took the second clearing for the first one's, with no \
+                holder to wait for; any cleared record is now waited out from when it is seen",
+    },
 ];
 
 #[test]
@@ -51,7 +87,11 @@ fn a_seed_replays_byte_for_byte() {
         let history = History::generate(seed, 3);
         let first = run(&history, true);
         let second = run(&history, true);
-        assert!(first.trace.len() > 100, "a trace of {} lines", first.trace.len());
+        assert!(
+            first.trace.len() > 100,
+            "a trace of {} lines",
+            first.trace.len()
+        );
         assert_eq!(first.trace, second.trace, "seed {seed} replays differently");
     }
 }

@@ -62,9 +62,8 @@ pub fn launch(world: &World, replica: usize) -> usize {
             let writes = FenceLayer::new(fence.clone(), link.clone()).layer(link.clone());
             let world = world.clone();
             async move {
-                let workers = (0..WORKERS).map(|worker| {
-                    work(world.clone(), writes.clone(), ended.clone(), worker)
-                });
+                let workers = (0..WORKERS)
+                    .map(|worker| work(world.clone(), writes.clone(), ended.clone(), worker));
                 futures::future::join_all(workers).await;
             }
         }

@@ -51,7 +51,11 @@ mod tests {
 
     #[test]
     fn a_seed_replays_and_seeds_differ() {
-        let draw = |seed| (0..4).map(|_| Rng::new(seed).next_u64()).collect::<Vec<_>>();
+        let draw = |seed| {
+            (0..4)
+                .map(|_| Rng::new(seed).next_u64())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(draw(7), draw(7));
         assert_ne!(Rng::new(7).next_u64(), Rng::new(8).next_u64());
         let mut rng = Rng::new(1);

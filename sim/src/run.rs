@@ -70,6 +70,7 @@ pub fn run(history: &History, trace: bool) -> Outcome {
                 })
                 .collect(),
             lease_requests: std::mem::take(&mut state.lease_requests),
+            led: std::mem::take(&mut state.led),
             end,
             panics: Vec::new(),
         };
@@ -174,6 +175,21 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
                 .get_or_insert_default()
                 .insert("touched-by".into(), format!("fault-{index}"));
         }),
+        Fault::Relabeler { lasting, every } => {
+            let until = world.instant(scheduled.at + lasting);
+            let mut round = 0;
+            while tokio::time::Instant::now() + every <= until {
+                tokio::time::sleep(every).await;
+                round += 1;
+                foreign_edit(&world, |lease| {
+                    lease
+                        .metadata
+                        .labels
+                        .get_or_insert_default()
+                        .insert("synced".into(), format!("fault-{index}-{round}"));
+                });
+            }
+        }
         Fault::NameHolder { replica } => {
             let identity = world.history.replicas[replica].identity.clone();
             let wall = MicroTime(world.true_wall());
@@ -195,13 +211,10 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
 }
 
 /// A foreign writer's read-modify-replace of the Lease (nothing when it is absent).
-fn foreign_edit(
-    world: &World,
-    edit: impl FnOnce(&mut k8s_openapi::api::coordination::v1::Lease),
-) {
+fn foreign_edit(world: &World, edit: impl FnOnce(&mut k8s_openapi::api::coordination::v1::Lease)) {
     let now = world.now();
     let mut state = world.lock();
-    if let Some(mut lease) = state.server.get(LEASE) {
+    if let Some(mut lease) = state.server.lease(LEASE) {
         edit(&mut lease);
         let _ = state.server.replace(now, By::Foreign, &lease);
     }

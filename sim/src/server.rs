@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube_leasehold::election::{LeaseEvent, StoreError};
+use kube_leasehold::election::{LeaseEvent, Read, StoreError};
 use tokio::sync::mpsc;
 
 /// Who made a change.
@@ -67,8 +67,18 @@ fn rv_of(lease: &Lease) -> Option<u64> {
 }
 
 impl Server {
-    /// GET.
-    pub fn get(&self, name: &str) -> Option<Lease> {
+    /// A read by name: the Lease, or the resourceVersion as of which it is absent.
+    pub fn get(&self, name: &str) -> Read {
+        match self.leases.get(name) {
+            Some(lease) => Read::Found(Box::new(lease.clone())),
+            None => Read::Absent {
+                resource_version: self.rv.to_string(),
+            },
+        }
+    }
+
+    /// The Lease, if it exists (what a foreign writer edits).
+    pub fn lease(&self, name: &str) -> Option<Lease> {
         self.leases.get(name).cloned()
     }
 
@@ -97,12 +107,9 @@ impl Server {
             return false;
         }
         self.rv += 1;
-        self.effects.push(Effect::Lease {
-            at,
-            by,
-            spec: None,
-        });
-        self.publish(name, LeaseEvent::Deleted);
+        self.effects.push(Effect::Lease { at, by, spec: None });
+        let resource_version = self.rv.to_string();
+        self.publish(name, LeaseEvent::Deleted { resource_version });
         true
     }
 
@@ -192,8 +199,14 @@ mod tests {
         let mut s = Server::default();
         let t = Duration::ZERO;
         let created = s.create(t, By::Foreign, &lease(None)).unwrap();
-        assert_eq!(s.create(t, By::Foreign, &lease(None)), Err(StoreError::Conflict));
-        assert_eq!(s.replace(t, By::Foreign, &lease(Some("0"))), Err(StoreError::Conflict));
+        assert_eq!(
+            s.create(t, By::Foreign, &lease(None)),
+            Err(StoreError::Conflict)
+        );
+        assert_eq!(
+            s.replace(t, By::Foreign, &lease(Some("0"))),
+            Err(StoreError::Conflict)
+        );
         let mut watch = s.watch("l", "0").expect("not compacted");
         s.replace(t, By::Foreign, &created).unwrap();
         assert!(matches!(watch.try_recv(), Ok(LeaseEvent::Applied(_))));
@@ -201,6 +214,9 @@ mod tests {
         s.compact();
         assert!(s.watch("l", "1").is_none(), "410 Gone");
         assert!(s.delete(t, By::Foreign, "l"));
-        assert_eq!(s.replace(t, By::Foreign, &created), Err(StoreError::NotFound));
+        assert_eq!(
+            s.replace(t, By::Foreign, &created),
+            Err(StoreError::NotFound)
+        );
     }
 }

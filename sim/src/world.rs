@@ -77,6 +77,8 @@ pub struct State {
     pub slow: Vec<Duration>,
     /// Every Lease request sent: (pid, when).
     pub lease_requests: Vec<(usize, Duration)>,
+    /// Every time a process's fence opened on a new term: (pid, when).
+    pub led: Vec<(usize, Duration)>,
     /// The trace, when kept.
     pub trace: Option<Vec<String>>,
 }
@@ -115,6 +117,7 @@ impl World {
                 refused: false,
                 slow: Vec::new(),
                 lease_requests: Vec::new(),
+                led: Vec::new(),
                 trace: trace.then(Vec::new),
             })),
             start: tokio::time::Instant::now(),
@@ -214,9 +217,12 @@ pub struct Traced {
 
 impl Observer for Traced {
     fn became_leader(&self, lease: &str) {
+        let now = self.world.now();
+        self.world.lock().led.push((self.pid, now));
         if self.world.tracing() {
             let who = self.world.who(self.pid);
-            self.world.trace(&who, format!("leads {lease}: its fence opens"));
+            self.world
+                .trace(&who, format!("leads {lease}: its fence opens"));
         }
     }
 

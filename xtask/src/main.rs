@@ -282,7 +282,13 @@ fn test(cargo_args: &[String]) -> Result<()> {
     cargo
         .current_dir(workspace_root())
         // Every suite runs and reports, even after one fails.
-        .args(["test", "--workspace", "--no-fail-fast", "--exclude", SIMULATOR])
+        .args([
+            "test",
+            "--workspace",
+            "--no-fail-fast",
+            "--exclude",
+            SIMULATOR,
+        ])
         .args(cargo_args);
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         // End-to-end tests mostly wait on the API server: run more of them at once than

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, debug_span, info, info_span, warn};
 
-use super::{Action, Elector, LeaseEvent, LeaseStore, StoreError};
+use super::{Action, Elector, LeaseEvent, LeaseStore, Read, StoreError};
 use crate::bugs::{self, Bug};
 use crate::clock::Wall;
 use crate::fence::SETTLE_MARGIN;
@@ -36,7 +37,7 @@ fn spread(identity: &str, attempt: u64) -> f64 {
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// A watch that ends sooner than this after it opened is taken for refused (410 Gone).
+/// A watch that ends sooner than this after it opened is not re-opened at once.
 const MIN_WATCH: Duration = Duration::from_secs(1);
 
 /// How often a repeating failure is logged.
@@ -161,7 +162,9 @@ impl<S: LeaseStore> Driver<S> {
                     Err(err) => Err(err),
                     Ok(()) => {
                         self.observe_replicas();
-                        let next = self.elector.next_action(crate::clock::now(), self.wall.now());
+                        let next = self
+                            .elector
+                            .next_action(crate::clock::now(), self.wall.now());
                         let retry = crate::clock::now() + self.elector.timings().retry_period;
                         match next {
                             // Takeable, but the plan gives the shard to another replica.
@@ -267,13 +270,15 @@ impl<S: LeaseStore> Driver<S> {
         let timeout = self.elector.timings().retry_period;
         let result = tokio::time::timeout(timeout, self.store.get(self.elector.name())).await;
         match result {
-            Ok(Ok(Some(lease))) => self.elector.observe(&lease, crate::clock::now()),
-            Ok(Ok(None)) => self.elector.observe_absent(crate::clock::now()),
+            Ok(Ok(Read::Found(lease))) => self.elector.observe(&lease, crate::clock::now()),
+            Ok(Ok(Read::Absent { resource_version })) => self
+                .elector
+                .observe_absent(crate::clock::now(), Some(&resource_version)),
             Ok(Err(err)) => return Err(self.read_failed(format!("reading the Lease: {err}"))),
             Err(_) => {
-                return Err(self.read_failed(format!(
-                    "reading the Lease timed out after {timeout:?}"
-                )));
+                return Err(
+                    self.read_failed(format!("reading the Lease timed out after {timeout:?}"))
+                );
             }
         }
         if !self.elector.is_leader(crate::clock::now()) && self.leadership.is_leading() {
@@ -314,6 +319,10 @@ impl<S: LeaseStore> Driver<S> {
     async fn attempt_once(&mut self, renewing: bool) -> Result<bool, String> {
         let started = crate::clock::now();
         let action = self.elector.next_action(started, self.wall.now());
+        // Where the Lease was last seen absent: a create is ours only if nothing came first.
+        let absent_at = matches!(action, Action::Create(_))
+            .then(|| self.elector.observed_version().map(str::to_string))
+            .flatten();
         self.elector.sending(&action);
         let timings = self.elector.timings();
         // Never past the deadline while leading; at most one retry period in any case.
@@ -331,6 +340,17 @@ impl<S: LeaseStore> Driver<S> {
             }
         };
         match tokio::time::timeout(limit, request).await {
+            Ok(Ok(Some(written)))
+                if matches!(action, Action::Create(_))
+                    && !self.created_first(absent_at.as_deref(), &written).await =>
+            {
+                warn!(
+                    "another term began and vanished unseen while the Lease was absent: \
+                     leaving the Lease just created to expire before anyone leads"
+                );
+                self.elector.disown(&written, crate::clock::now());
+                Ok(false)
+            }
             Ok(Ok(Some(written))) => {
                 let new_term = self.elector.succeeded(&written, started);
                 if let Some(until) = self.elector.fence_until() {
@@ -354,7 +374,7 @@ impl<S: LeaseStore> Driver<S> {
                 Ok(false)
             }
             Ok(Err(StoreError::NotFound)) => {
-                self.elector.observe_absent(crate::clock::now());
+                self.elector.observe_absent(crate::clock::now(), None);
                 if self.leadership.is_leading() {
                     self.leadership
                         .step_down(Transition::Lost, "the Lease was deleted");
@@ -364,6 +384,37 @@ impl<S: LeaseStore> Driver<S> {
             Ok(Err(err)) => Err(format!("writing the Lease: {err}")),
             Err(_) => Err(format!("writing the Lease timed out after {limit:?}")),
         }
+    }
+
+    /// Whether the Lease this replica just created (`written`) is the first change since
+    /// `absent_at`, where it was last seen absent: the watch from there replays every
+    /// change in order. If another Lease was created (and deleted) first, that term's
+    /// fence may still be open, and a create carries no precondition that could have
+    /// refused ours. Unknown (no version, a failed or compacted watch) counts as not first.
+    async fn created_first(&self, absent_at: Option<&str>, written: &Lease) -> bool {
+        let (Some(from), Some(ours)) = (absent_at, written.metadata.resource_version.as_deref())
+        else {
+            return false;
+        };
+        let limit = self.elector.timings().retry_period;
+        let check = async {
+            // A watch the server ends before its first event is opened again.
+            loop {
+                let mut events = self.store.watch(self.elector.name(), from, 1).await.ok()?;
+                match events.next().await {
+                    None => continue,
+                    Some(Ok(LeaseEvent::Applied(lease))) => {
+                        return Some(lease.metadata.resource_version.as_deref() == Some(ours));
+                    }
+                    Some(_) => return Some(false),
+                }
+            }
+        };
+        tokio::time::timeout(limit, check)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(false)
     }
 
     /// Waits until `until`, the next change of the Lease, or a change of the replicas' Pods
@@ -422,18 +473,26 @@ impl<S: LeaseStore> Driver<S> {
                         self.elector.observe(&lease, crate::clock::now());
                         return true;
                     }
-                    Some(Ok(LeaseEvent::Deleted)) => {
-                        self.elector.observe_absent(crate::clock::now());
+                    Some(Ok(LeaseEvent::Deleted { resource_version })) => {
+                        self.elector
+                            .observe_absent(crate::clock::now(), Some(&resource_version));
                         return true;
                     }
                     // The server ended the watch early: read and watch again at once,
-                    // unless it ended as it opened (410 Gone: the Lease's resourceVersion
-                    // was compacted away, and a watch from it fails until the Lease
-                    // changes): then poll at the deadline, not in a busy loop.
+                    // unless it ended as it opened (a server or proxy that cuts watches
+                    // short): then at the deadline, not in a busy loop.
                     None => {
                         if crate::clock::now() < opened + MIN_WATCH {
                             deadline.await;
                         }
+                        return false;
+                    }
+                    // The resourceVersion was compacted away, and a watch from it fails
+                    // until the Lease changes: note what may have been missed, and poll
+                    // at the deadline rather than in a busy loop.
+                    Some(Err(StoreError::Gone)) => {
+                        self.elector.watch_gone(crate::clock::now());
+                        deadline.await;
                         return false;
                     }
                     // The watch failed: fall back to waiting for the deadline.

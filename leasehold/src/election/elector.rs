@@ -85,6 +85,9 @@ pub struct Elector {
     observed: Option<Observation>,
     /// Whether the Lease is known to be absent (read returned 404).
     absent: bool,
+    /// While absent: the oldest resourceVersion as of which it was read absent, where a
+    /// watch starts so that a term that begins and vanishes meanwhile is seen.
+    absent_version: Option<String>,
     /// A holder vanished without releasing (Lease deleted, holder cleared by someone else):
     /// nobody takes the Lease before this, when that holder's fence has surely closed.
     vanished_until: Option<Instant>,
@@ -116,6 +119,7 @@ impl Elector {
             timings,
             observed: None,
             absent: false,
+            absent_version: None,
             vanished_until: None,
             renewed_at: None,
             pod: None,
@@ -220,9 +224,8 @@ impl Elector {
         let rv = lease.resource_version().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
         let holder_pod = exit::Holder::of(lease);
-        let restarts = |o: &Observation| {
-            bugs::on(Bug::MetadataRestartsExpiry) && o.resource_version != rv
-        };
+        let restarts =
+            |o: &Observation| bugs::on(Bug::MetadataRestartsExpiry) && o.resource_version != rv;
         if let Some(obs) = self
             .observed
             .as_mut()
@@ -239,11 +242,12 @@ impl Elector {
         let released = is_release(previous.as_ref().map(|p| &p.spec), &spec)
             || bugs::on(Bug::ClearedHolderIsRelease);
         if holder_of(&spec).is_empty() && !released {
-            match &previous {
-                Some(previous) => self.holder_vanished(previous, now),
-                // A cleared record whose history we never saw: it may hide a live holder.
-                None => self.hold_off_until(now + self.duration_of(&spec)),
+            if let Some(previous) = &previous {
+                self.holder_vanished(previous, now);
             }
+            // The record cleared may not be the one this replica saw last (it missed the
+            // records between): it may hide a live holder, whoever it was.
+            self.hold_off_until(now + self.duration_of(&spec));
         }
         // While leading, the last record is our own write: any other record ends the term.
         self.renewed_at = None;
@@ -258,14 +262,33 @@ impl Elector {
 
     /// Records that the Lease does not exist (read or renew returned 404, or a watch said
     /// it was deleted).
-    pub fn observe_absent(&mut self, now: Instant) {
-        if let Some(previous) = self.observed.take()
-            && !bugs::on(Bug::DeletedLeaseAtOnce)
-        {
-            self.holder_vanished(&previous, now);
+    pub fn observe_absent(&mut self, now: Instant, version: Option<&str>) {
+        match self.observed.take() {
+            Some(previous) if !bugs::on(Bug::DeletedLeaseAtOnce) => {
+                self.holder_vanished(&previous, now);
+            }
+            Some(_) => {}
+            // The first thing this process learns is that the Lease is absent: it may
+            // have been deleted a moment ago while its holder still wrote.
+            None if !self.absent => self.hold_off_until(now + self.timings.lease_duration),
+            None => {}
+        }
+        // The oldest version of this absence: a watch from it misses nothing since.
+        if !self.absent || self.absent_version.is_none() {
+            self.absent_version = version.map(str::to_string);
         }
         self.absent = true;
         self.renewed_at = None;
+    }
+
+    /// Records that a watch's resourceVersion was compacted away (410 Gone): while the
+    /// Lease is absent, a term may have begun and vanished unseen since, so nobody takes
+    /// it before such a term's fence has surely closed, a lease duration from now.
+    pub fn watch_gone(&mut self, now: Instant) {
+        if self.absent {
+            self.absent_version = None;
+            self.hold_off_until(now + self.timings.lease_duration);
+        }
     }
 
     /// Whether this replica leads at `now` (a successful renew within the renew deadline).
@@ -392,9 +415,13 @@ impl Elector {
         }
     }
 
-    /// The resourceVersion of the Lease last observed, if any (where a watch starts).
+    /// Where a watch of the Lease starts: the resourceVersion of the Lease last observed,
+    /// or while it is absent, of the oldest read that found it absent.
     pub fn observed_version(&self) -> Option<&str> {
-        self.observed.as_ref().map(|o| o.resource_version.as_str())
+        match &self.observed {
+            Some(o) => Some(o.resource_version.as_str()),
+            None => self.absent_version.as_deref().filter(|_| self.absent),
+        }
     }
 
     /// This replica's Pod name (in a Pod).
@@ -437,6 +464,24 @@ impl Elector {
         });
         self.renewed_at = Some(started);
         !was_leader
+    }
+
+    /// Records that the Lease this process just created (`written`) must not be led: a
+    /// term may have begun and vanished unseen just before it. The record is then treated
+    /// as any other holder's, waited out from `now`, as every other replica waits it out
+    /// from when it sees it.
+    pub fn disown(&mut self, written: &Lease, now: Instant) {
+        self.written = None;
+        self.sent.clear();
+        self.renewed_at = None;
+        self.absent = false;
+        self.observed = Some(Observation {
+            resource_version: written.resource_version().unwrap_or_default(),
+            spec: written.spec.clone().unwrap_or_default(),
+            since: now,
+            holder_pod: exit::Holder::of(written),
+            successor: None,
+        });
     }
 
     /// The Lease that releases our hold: empty holder, `leaseDurationSeconds: 1`, and the
@@ -484,6 +529,12 @@ mod tests {
             Duration::from_secs(2),
         )
         .unwrap()
+    }
+
+    /// A fresh elector that has seen the Lease absent for long: it creates it at once.
+    fn absent_long_since(e: &mut Elector, t: Instant) {
+        e.observe_absent(t - Duration::from_secs(60), None);
+        e.observe_absent(t, None);
     }
 
     fn wall() -> Timestamp {
@@ -536,10 +587,16 @@ mod tests {
     }
 
     #[test]
-    fn creates_an_absent_lease_and_leads() {
+    fn creates_an_absent_lease_after_a_lease_duration_and_leads() {
         let mut e = Elector::new("me", "l", "ns", timings());
-        let t = Instant::now();
-        e.observe_absent(t);
+        let t0 = Instant::now();
+        // Absent at the first look: it may have been deleted under a live holder.
+        e.observe_absent(t0, None);
+        assert_eq!(
+            e.next_action(t0, wall()),
+            Action::WaitUntil(t0 + Duration::from_secs(15))
+        );
+        let t = t0 + Duration::from_secs(15);
         let action = e.next_action(t, wall());
         let Action::Create(l) = &action else {
             panic!("{action:?}")
@@ -570,7 +627,7 @@ mod tests {
         };
         let mut e = Elector::new("me", "l", "ns", timings()).in_pod(Some(pod.clone()));
         let t = Instant::now();
-        e.observe_absent(t);
+        absent_long_since(&mut e, t);
         let created = e.next_action(t, wall());
         let Action::Create(l) = &created else {
             panic!("{created:?}")
@@ -603,7 +660,7 @@ mod tests {
             instance: Some("i1".into()),
             ..Default::default()
         }));
-        leader.observe_absent(t);
+        absent_long_since(&mut leader, t);
         let record = written(leader.next_action(t, wall()), "1");
         let mut follower = Elector::new("f", "l", "ns", timings());
         follower.observe(&record, t);
@@ -655,7 +712,7 @@ mod tests {
     fn renews_with_the_last_resource_version_and_keeps_the_term() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent(t);
+        absent_long_since(&mut e, t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         let renew_at = e.next_renew().unwrap();
         assert_eq!(renew_at, t + Duration::from_secs(2));
@@ -679,7 +736,7 @@ mod tests {
     fn steps_down_at_the_renew_deadline_without_a_renew() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent(t);
+        absent_long_since(&mut e, t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         assert!(e.is_leader(t + Duration::from_millis(9_999)));
         assert!(!e.is_leader(t + Duration::from_secs(10)));
@@ -762,7 +819,7 @@ mod tests {
     fn a_write_by_someone_else_ends_our_term_at_once() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent(t);
+        absent_long_since(&mut e, t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         e.observe(&lease("other", "2", wall()), t + Duration::from_secs(1));
         assert!(!e.is_leader(t + Duration::from_secs(1)));
@@ -773,7 +830,7 @@ mod tests {
     fn release_empties_the_holder_and_shortens_the_lease() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent(t);
+        absent_long_since(&mut e, t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         let released = e.release(wall(), None).unwrap();
         let spec = released.spec.unwrap();
@@ -798,7 +855,7 @@ mod tests {
         };
         let t = Instant::now();
         let mut leader = in_pod("old");
-        leader.observe_absent(t);
+        absent_long_since(&mut leader, t);
         let record = written(leader.next_action(t, wall()), "1");
         leader.succeeded(&record, t);
         let mut released = leader.release(later(), Some("new".into())).unwrap();
@@ -878,7 +935,7 @@ mod tests {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
         e.observe(&lease("other", "5", wall()), t);
-        e.observe_absent(t);
+        e.observe_absent(t, None);
         assert_eq!(
             e.next_action(t + Duration::from_secs(1), wall()),
             Action::WaitUntil(t + Duration::from_secs(15))
@@ -887,10 +944,36 @@ mod tests {
             e.next_action(t + Duration::from_secs(15), wall()),
             Action::Create(_)
         ));
-        // A Lease that never existed (as far as we know) is created at once.
+        // Found absent at the first look (deleted a moment ago, for all it knows): the
+        // same wait, from then.
         let mut fresh = Elector::new("me", "l", "ns", timings());
-        fresh.observe_absent(t);
-        assert!(matches!(fresh.next_action(t, wall()), Action::Create(_)));
+        fresh.observe_absent(t, None);
+        assert_eq!(
+            fresh.next_action(t, wall()),
+            Action::WaitUntil(t + Duration::from_secs(15))
+        );
+    }
+
+    /// A watch while absent starts from the oldest read that found the Lease absent, so a
+    /// term that begins and vanishes meanwhile is seen; if that version is compacted away,
+    /// such a term may have been missed, and the wait starts over.
+    #[test]
+    fn an_absence_is_watched_from_its_first_version_and_waited_out_again_when_compacted() {
+        let mut e = Elector::new("me", "l", "ns", timings());
+        let t = Instant::now();
+        absent_long_since(&mut e, t);
+        assert_eq!(e.observed_version(), None);
+        e.observe_absent(t, Some("7"));
+        e.observe_absent(t, Some("9"));
+        assert_eq!(e.observed_version(), Some("7"));
+        assert!(matches!(e.next_action(t, wall()), Action::Create(_)));
+        let gone = t + Duration::from_secs(1);
+        e.watch_gone(gone);
+        assert_eq!(e.observed_version(), None);
+        assert_eq!(
+            e.next_action(gone, wall()),
+            Action::WaitUntil(gone + Duration::from_secs(15))
+        );
     }
 
     /// Issue 13, item 4: the holder cleared by a foreign writer.
@@ -924,7 +1007,7 @@ mod tests {
     fn a_graceful_release_is_taken_at_once() {
         let mut holder = Elector::new("other", "l", "ns", timings());
         let t = Instant::now();
-        holder.observe_absent(t);
+        absent_long_since(&mut holder, t);
         holder.succeeded(&written(holder.next_action(t, wall()), "5"), t);
         let mut released = holder.release(later(), None).unwrap();
         released.metadata.resource_version = Some("6".into());
@@ -944,7 +1027,7 @@ mod tests {
     fn the_leader_loses_on_a_changed_record_but_not_on_a_relabel() {
         let mut e = Elector::new("me", "l", "ns", timings());
         let t = Instant::now();
-        e.observe_absent(t);
+        absent_long_since(&mut e, t);
         let ours = written(e.next_action(t, wall()), "1");
         e.succeeded(&ours, t);
         let mut relabelled = ours.clone();
@@ -971,7 +1054,7 @@ mod tests {
         let later = t + Duration::from_secs(101);
         e.succeeded(&written(e.next_action(later, wall()), "4"), later);
         assert!(e.is_leader(later));
-        e.observe_absent(t);
+        e.observe_absent(t, None);
         assert!(!e.is_leader(later));
     }
 
@@ -982,7 +1065,7 @@ mod tests {
     fn after_an_outage_an_unchanged_record_keeps_its_expiry() {
         let t = Instant::now();
         let mut leader = Elector::new("me", "l", "ns", timings());
-        leader.observe_absent(t);
+        absent_long_since(&mut leader, t);
         let ours = written(leader.next_action(t, wall()), "1");
         leader.succeeded(&ours, t);
         let mut follower = Elector::new("f", "l", "ns", timings());
@@ -1017,7 +1100,7 @@ mod tests {
     fn a_record_naming_us_that_we_did_not_write_is_not_ours() {
         let t = Instant::now();
         let mut p = Elector::new("p", "l", "ns", timings());
-        p.observe_absent(t);
+        absent_long_since(&mut p, t);
         p.succeeded(&written(p.next_action(t, wall()), "1"), t);
         // q took over after p's term; p follows.
         let later = t + Duration::from_secs(30);
@@ -1054,7 +1137,7 @@ mod tests {
         let t = Instant::now();
         let mut a = Elector::new("same", "l", "ns", timings());
         let mut b = Elector::new("same", "l", "ns", timings());
-        a.observe_absent(t);
+        absent_long_since(&mut a, t);
         let a_record = written(a.next_action(t, wall()), "1");
         a.succeeded(&a_record, t);
         b.observe(&a_record, t);
@@ -1089,7 +1172,7 @@ mod tests {
     fn a_record_sent_without_an_answer_is_recognised_as_ours() {
         let t = Instant::now();
         let mut e = Elector::new("me", "l", "ns", timings());
-        e.observe_absent(t);
+        absent_long_since(&mut e, t);
         e.succeeded(&written(e.next_action(t, wall()), "1"), t);
         let t2 = t + Duration::from_secs(2);
         let at = wall() + Duration::from_nanos(2_000_000_789);
@@ -1113,7 +1196,7 @@ mod tests {
     fn a_restarted_process_waits_out_the_record_its_predecessor_wrote() {
         let t = Instant::now();
         let mut before = Elector::new("me", "l", "ns", timings());
-        before.observe_absent(t);
+        absent_long_since(&mut before, t);
         let record = written(before.next_action(t, wall()), "1");
         before.succeeded(&record, t);
         // The process dies; its successor, same identity, reads the record at once.

@@ -13,7 +13,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::api::{PostParams, WatchEvent, WatchParams};
+use kube::ResourceExt;
+use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 
 /// Why a store request failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +23,9 @@ pub enum StoreError {
     Conflict,
     /// 404: the Lease does not exist.
     NotFound,
+    /// 410 Gone: a watch's resourceVersion was compacted away; what happened since is
+    /// unknown.
+    Gone,
     /// Anything else (transport, 5xx, 429, a refused request): the driver pauses a retry
     /// period and tries again.
     Other(String),
@@ -32,6 +36,7 @@ impl std::fmt::Display for StoreError {
         match self {
             StoreError::Conflict => f.write_str("conflict (409)"),
             StoreError::NotFound => f.write_str("not found (404)"),
+            StoreError::Gone => f.write_str("gone (410): resourceVersion compacted"),
             StoreError::Other(err) => f.write_str(err),
         }
     }
@@ -44,18 +49,35 @@ impl std::error::Error for StoreError {}
 pub enum LeaseEvent {
     /// The Lease was created or changed: its new state.
     Applied(Box<Lease>),
-    /// The Lease was deleted.
-    Deleted,
+    /// The Lease was deleted, at this resourceVersion (a watch from it sees what follows).
+    Deleted {
+        /// The resourceVersion of the deletion.
+        resource_version: String,
+    },
 }
 
-/// A stream of one Lease's changes; it ends when the store ends the watch.
+/// What a read of one Lease found.
+#[derive(Debug, Clone)]
+pub enum Read {
+    /// The Lease.
+    Found(Box<Lease>),
+    /// No such Lease, as of `resource_version`: a watch from it sees the Lease created, if
+    /// it is, however briefly.
+    Absent {
+        /// The resourceVersion of the read.
+        resource_version: String,
+    },
+}
+
+/// A stream of one Lease's changes; it ends when the store ends the watch. A watch from a
+/// compacted resourceVersion yields [`StoreError::Gone`].
 pub type LeaseEvents = BoxStream<'static, Result<LeaseEvent, StoreError>>;
 
 /// The Leases of one namespace, as the election needs them. Implemented by [`KubeLeases`];
 /// a test or a simulation implements it over its own model of the API server.
 pub trait LeaseStore: Send + Sync + 'static {
-    /// The Lease `name`, or `None` when absent.
-    fn get(&self, name: &str) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
+    /// The Lease `name`, or the resourceVersion at which it was absent.
+    fn get(&self, name: &str) -> impl Future<Output = Result<Read, StoreError>> + Send;
 
     /// Creates `lease`; [`StoreError::Conflict`] when it exists.
     fn create(&self, lease: &Lease) -> impl Future<Output = Result<Lease, StoreError>> + Send;
@@ -97,8 +119,18 @@ fn store_error(err: kube::Error) -> StoreError {
 }
 
 impl LeaseStore for KubeLeases {
-    async fn get(&self, name: &str) -> Result<Option<Lease>, StoreError> {
-        self.api.get_opt(name).await.map_err(store_error)
+    /// A list by name (`list` on the Lease, which RBAC grants by `resourceNames` for a
+    /// `metadata.name` field selector): unlike a GET's 404, it says as of which
+    /// resourceVersion the Lease is absent.
+    async fn get(&self, name: &str) -> Result<Read, StoreError> {
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        let list = self.api.list(&params).await.map_err(store_error)?;
+        Ok(match list.items.into_iter().next() {
+            Some(lease) => Read::Found(Box::new(lease)),
+            None => Read::Absent {
+                resource_version: list.metadata.resource_version.unwrap_or_default(),
+            },
+        })
     }
 
     async fn create(&self, lease: &Lease) -> Result<Lease, StoreError> {
@@ -137,8 +169,13 @@ impl LeaseStore for KubeLeases {
                     Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
                         Some(Ok(LeaseEvent::Applied(Box::new(lease))))
                     }
-                    Ok(WatchEvent::Deleted(_)) => Some(Ok(LeaseEvent::Deleted)),
-                    // An error event (410 Gone) is followed by the end of the stream.
+                    Ok(WatchEvent::Deleted(lease)) => Some(Ok(LeaseEvent::Deleted {
+                        resource_version: lease.resource_version().unwrap_or_default(),
+                    })),
+                    Ok(WatchEvent::Error(status)) if status.code == 410 => {
+                        Some(Err(StoreError::Gone))
+                    }
+                    // Any other error event is followed by the end of the stream.
                     Ok(WatchEvent::Bookmark(_) | WatchEvent::Error(_)) => None,
                     Err(err) => Some(Err(err)),
                 }

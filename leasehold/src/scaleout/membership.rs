@@ -368,8 +368,9 @@ impl<C: ShardCaches> Membership<C> {
             // Plan only once the group is known: planning alone would cache every shard.
             let mut replan_by = None;
             if listed {
-                let joined = renewed
-                    .is_some_and(|at| crate::clock::now() < at + self.member.timings.lease_duration);
+                let joined = renewed.is_some_and(|at| {
+                    crate::clock::now() < at + self.member.timings.lease_duration
+                });
                 replan_by = self.replan(&group, joined, &mut deferring);
                 if renewed == Some(now) {
                     self.sweep(&group).await;
