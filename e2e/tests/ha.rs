@@ -155,7 +155,7 @@ async fn sigterm_hands_over_fast_with_no_list_and_no_write() -> Result<()> {
         .filter(|e| {
             e.replica() == Some(new_id.as_str()) && e.request_received_timestamp >= acquired
         })
-        .filter(|e| e.verb == "list" || (e.is_write() && e.resource() != "leases"))
+        .filter(|e| e.resource() != "leases" && (e.verb == "list" || e.is_write()))
         .map(|e| format!("{} {:?}", e.verb, e.object_ref))
         .collect();
     assert!(

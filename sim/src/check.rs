@@ -143,10 +143,7 @@ fn terms(
         .collect::<Vec<Term>>();
     // The author counts only if it led on its last acquire (not a create it disowned).
     let author = at_h.1.filter(|p| {
-        let last = acquires
-            .iter()
-            .filter(|a| a.pid == *p && a.began <= h)
-            .last();
+        let last = acquires.iter().rfind(|a| a.pid == *p && a.began <= h);
         last.is_some_and(|last| terms.iter().any(|t| t.pid == *p && t.began == last.began))
     });
     (terms, at_h.0, author, at_h.2)
@@ -180,11 +177,7 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
         let Effect::Write { at, sent, pid, key } = effect else {
             continue;
         };
-        let Some(own) = terms
-            .iter()
-            .filter(|t| t.pid == *pid && t.began <= *sent)
-            .last()
-        else {
+        let Some(own) = terms.iter().rfind(|t| t.pid == *pid && t.began <= *sent) else {
             violations.push(Violation {
                 invariant: "fenced writes",
                 what: format!(
@@ -220,7 +213,7 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
     let due = leader_due(history, facts, h, changed, author, record.as_ref());
     match leaders.as_slice() {
         [leader] => {
-            let term = terms.iter().filter(|t| t.pid == *leader).last();
+            let term = terms.iter().rfind(|t| t.pid == *leader);
             match term {
                 Some(term) if term.began > due => violations.push(Violation {
                     invariant: "one leader, soon",

@@ -58,7 +58,7 @@ enum Req {
 /// An answer.
 enum Resp {
     Got(Read),
-    Wrote(Result<Lease, StoreError>),
+    Wrote(Result<Box<Lease>, StoreError>),
     Watching(Option<mpsc::UnboundedReceiver<Result<LeaseEvent, StoreError>>>),
     Status(u16),
     Failed(StoreError),
@@ -196,8 +196,8 @@ fn apply(world: &World, pid: usize, req: Req) -> Resp {
         let mut state = world.lock();
         match &req {
             Req::Get(name) => Resp::Got(state.server.get(name)),
-            Req::Create(lease) => Resp::Wrote(state.server.create(now, by, lease)),
-            Req::Replace(lease) => Resp::Wrote(state.server.replace(now, by, lease)),
+            Req::Create(lease) => Resp::Wrote(state.server.create(now, by, lease).map(Box::new)),
+            Req::Replace(lease) => Resp::Wrote(state.server.replace(now, by, lease).map(Box::new)),
             Req::Write { key, sent, .. } => {
                 state.server.write(now, *sent, pid, key);
                 Resp::Status(200)
@@ -309,7 +309,7 @@ impl LeaseStore for Link {
 
     async fn create(&self, lease: &Lease) -> Result<Lease, StoreError> {
         match self.send(Req::Create(lease.clone())).await? {
-            Resp::Wrote(result) => result,
+            Resp::Wrote(result) => result.map(|lease| *lease),
             Resp::Failed(err) => Err(err),
             _ => unreachable!("a write is answered with its result"),
         }
@@ -317,7 +317,7 @@ impl LeaseStore for Link {
 
     async fn replace(&self, lease: &Lease) -> Result<Lease, StoreError> {
         match self.send(Req::Replace(lease.clone())).await? {
-            Resp::Wrote(result) => result,
+            Resp::Wrote(result) => result.map(|lease| *lease),
             Resp::Failed(err) => Err(err),
             _ => unreachable!("a write is answered with its result"),
         }

@@ -214,6 +214,23 @@ fn simulate(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The simulation suite: the simulator's own tests (the histories it once found failing,
+/// byte-for-byte replay), a fixed set of seeds and three random ones (printed, so a failure
+/// replays), and every historical defect re-introduced in turn and caught.
+fn simulation_suite() -> Result<()> {
+    eprintln!("==> the simulator's tests, then 2,000 fixed and 3 random seeds, then every defect");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(workspace_root())
+        .args(["test", "--release", "--package", SIMULATOR])
+        .status()
+        .context("running the simulator's tests")?;
+    if !status.success() {
+        bail!("the simulator's tests failed ({status})");
+    }
+    simulate(&["--seeds", "2000", "--random", "3"].map(String::from))?;
+    simulate(&["--every-bug", "--seeds", "2000"].map(String::from))
+}
+
 /// The simulator's package.
 const SIMULATOR: &str = "leasehold-sim";
 
@@ -296,7 +313,13 @@ fn test(cargo_args: &[String]) -> Result<()> {
         cargo.env("RUST_TEST_THREADS", "8");
     }
     let mut status = cargo.status().context("running cargo test")?;
-    if status.success() && !use_existing {
+    // The simulation needs no cluster: it runs whenever the tests passed.
+    let simulated = if status.success() {
+        simulation_suite()
+    } else {
+        Ok(())
+    };
+    if status.success() && simulated.is_ok() && !use_existing {
         // Every run exercises failover: a short seeded chaos run (each fault kind once),
         // against processes, against processes in scale-out mode, and against the chart's
         // Pods on a node, installed from the earlier release and upgraded first.
@@ -343,6 +366,7 @@ fn test(cargo_args: &[String]) -> Result<()> {
         }
         bail!("cargo test failed ({status})");
     }
+    simulated?;
     first_use
 }
 

@@ -101,6 +101,7 @@ impl Bench {
             .filter(|e| {
                 e.replica() == Some(follower.config.identity.as_str())
                     && e.verb == "list"
+                    && e.resource() != "leases"
                     && e.request_received_timestamp > took_over
             })
             .count();
