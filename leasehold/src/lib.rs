@@ -48,7 +48,9 @@
 //!   clock). A write let through is sent with the API server's `timeout` set to the time
 //!   left, on a connection that takes bytes only while the fence is open;
 //! - **a released Lease is taken at once**: shutdown closes the fence, stops the term,
-//!   waits until its writes are answered, then releases;
+//!   waits until its writes are answered, then releases; a Lease found absent (a first
+//!   start, or deleted by hand) is created one lease duration later, since it may have been
+//!   deleted while its holder still wrote;
 //! - **a crash is taken over on proof** (in a Pod, with [`Candidate::in_pod`] and
 //!   [`Candidate::replicas`]): when the holder's container reports that exactly the holding
 //!   process exited, followers take over after the fence's write margin instead of the
@@ -63,6 +65,9 @@
 //!   [`fence::MAX_WRITE_TIME`]; a process paused *between* its fence check and the kernel
 //!   taking its bytes is not fenced.
 //! - Writes made with any client other than the fenced one are not fenced.
+//! - [`KubeLeases`] needs, on the Lease's namespace, `create` on leases and `get`, `list`,
+//!   `watch`, `update` on the Lease (by `resourceNames`): it reads the Lease with a list by
+//!   name, which says as of which resourceVersion it is absent.
 //! - The crash proof needs, in each Pod, the process to announce its instance in its
 //!   container's termination message ([`replicas::exit::announce_instance`], the default
 //!   `terminationMessagePath` with `terminationMessagePolicy: File`), the Pod's

@@ -6,7 +6,9 @@
 //!   then leads on it (an acquire it disowns, and never leads, is no term). No object
 //!   write of a term takes effect after another process's term began.
 //! - **One leader, soon**: when the faults are over, exactly one process leads, its term
-//!   began by the bound below, and it wrote every key.
+//!   began by the bound below, and it wrote every key; and in Pods, a leader SIGKILLed with
+//!   no other fault near is replaced within [`proof_bound`] (the crash proof), not a lease
+//!   duration later.
 //! - **Bounded requests**: no process sends more than [`MAX_LEASE_REQUESTS_PER_SECOND`]
 //!   Lease requests in any second, outage or not.
 //! - **No panic** in any task.
@@ -267,6 +269,10 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
             ),
         }),
     }
+    // A proven death is taken over at once.
+    if history.pods {
+        violations.extend(proven_deaths(history, facts, &terms));
+    }
     // Bounded requests.
     for pid in 0..facts.processes.len() {
         let sent: Vec<Duration> = facts
@@ -290,6 +296,55 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
         }
     }
     violations
+}
+
+/// After a leader's process is SIGKILLed in its Pod, with no other fault near: a new term
+/// within [`proof_bound`], not a lease duration later.
+fn proven_deaths(history: &History, facts: &Facts, terms: &[Term]) -> Vec<Violation> {
+    let bound = proof_bound(history);
+    let quiet = |t: Duration| {
+        history.faults.iter().all(|f| {
+            matches!(f.fault, Fault::Crash { .. }) && f.at == t
+                || f.until() + history.longest_lease() < t
+                || f.at > t + bound
+        })
+    };
+    history
+        .faults
+        .iter()
+        .filter_map(|f| match f.fault {
+            Fault::Crash { replica, .. } => Some((f.at, replica)),
+            _ => None,
+        })
+        .filter(|(at, _)| quiet(*at))
+        .filter_map(|(at, replica)| {
+            let leader = terms.iter().rfind(|t| t.began <= at)?;
+            if facts.processes[leader.pid].replica != replica {
+                return None;
+            }
+            let next = terms.iter().find(|t| t.began > at && t.pid != leader.pid);
+            if next.is_some_and(|n| n.began <= at + bound) {
+                return None;
+            }
+            Some(Violation {
+                invariant: "one leader, soon",
+                what: format!(
+                    "the leader r{replica}#{} was SIGKILLed in its Pod at {} with no other fault near; the next term began {} (due by {})",
+                    leader.pid,
+                    secs(at),
+                    next.map_or("never".into(), |n| secs(n.began)),
+                    secs(at + bound)
+                ),
+            })
+        })
+        .collect()
+}
+
+/// How soon a proven death is taken over: the kubelet's report (up to 1.5 s), the Pod
+/// watch's lag (0.25 s), the dead process's last writes waited out (0.6 s), two retry
+/// periods, and a second of slack.
+fn proof_bound(history: &History) -> Duration {
+    Duration::from_millis(1500 + 250 + 600 + 1000) + history.longest_retry() * 2
 }
 
 /// When a leader is due (see the module doc).

@@ -31,6 +31,8 @@ pub enum Fault {
     Shutdown { replica: usize, down: Duration },
     /// SIGSTOP, then SIGCONT after `lasting`: nothing it sends or receives moves meanwhile.
     Freeze { replica: usize, lasting: Duration },
+    /// The replica's kubelet reports nothing for `lasting` (its Pod's status goes stale).
+    KubeletSilent { replica: usize, lasting: Duration },
     /// The replica cannot reach the API server (both ways), for `lasting`.
     Partition { replica: usize, lasting: Duration },
     /// The API server is down: connections refused (`refused`) or requests hang.
@@ -73,6 +75,7 @@ impl Fault {
             | Fault::Outage { lasting, .. }
             | Fault::Slow { lasting, .. }
             | Fault::ThrottleLeases { lasting, .. }
+            | Fault::KubeletSilent { lasting, .. }
             | Fault::Relabeler { lasting, .. } => *lasting,
             _ => Duration::ZERO,
         }
@@ -86,6 +89,7 @@ impl Fault {
             | Fault::Freeze { replica, .. }
             | Fault::Partition { replica, .. }
             | Fault::ThrottleLeases { replica, .. }
+            | Fault::KubeletSilent { replica, .. }
             | Fault::StepWall { replica, .. } => Some(*replica),
             _ => None,
         }
@@ -133,6 +137,9 @@ pub struct History {
     pub faults: Vec<Scheduled>,
     /// The keys the leader writes.
     pub keys: usize,
+    /// Whether the replicas run in Pods whose kubelets report their containers (the crash
+    /// proof and successor hand-off), or as bare processes.
+    pub pods: bool,
 }
 
 /// The first fault starts after the replicas settled.
@@ -176,12 +183,40 @@ impl History {
             })
             .collect();
         faults.sort_by_key(|f| f.at);
+        // Drawn after everything above, and listed after the other faults, so that a seed
+        // drawn before Pods were simulated keeps its faults and their numbers.
+        let pods = rng.chance(0.5);
+        if pods {
+            let mut silences: Vec<Scheduled> = (0..rng.below(3))
+                .map(|_| Scheduled {
+                    at: whole_ms(rng.between(FIRST_FAULT, FAULT_WINDOW)),
+                    fault: Fault::KubeletSilent {
+                        replica: rng.below(n as u64) as usize,
+                        lasting: whole_ms(
+                            rng.between(Duration::from_secs(1), Duration::from_secs(60)),
+                        ),
+                    },
+                })
+                .collect();
+            silences.sort_by_key(|f| f.at);
+            faults.extend(silences);
+        }
         History {
             seed,
             replicas,
             faults,
             keys: 6,
+            pods,
         }
+    }
+
+    /// The history as bare processes, without Pods (and without kubelet faults).
+    #[cfg(test)]
+    pub fn without_pods(mut self) -> History {
+        self.pods = false;
+        self.faults
+            .retain(|f| !matches!(f.fault, Fault::KubeletSilent { .. }));
+        self
     }
 
     /// The history with only the faults at `indices` (a shrunk history).
@@ -380,6 +415,9 @@ impl fmt::Display for Fault {
                 d(by)
             ),
             Fault::EndWatches => f.write_str("API server ends every watch"),
+            Fault::KubeletSilent { replica, lasting } => {
+                write!(f, "r{replica}'s kubelet reports nothing for {}", d(lasting))
+            }
             Fault::Compact => f.write_str("API server compacts (old watches get 410)"),
         }
     }

@@ -8,6 +8,7 @@
 mod check;
 mod history;
 mod net;
+mod pods;
 #[cfg(test)]
 mod regressions;
 mod replica;
@@ -128,6 +129,9 @@ fn describe(history: &History) -> String {
             if r.behind { "-" } else { "+" },
             r.skew
         );
+    }
+    if history.pods {
+        text += "  in Pods: the kubelets report the containers (crash proof, successor hand-off)\n";
     }
     for (i, f) in history.faults.iter().enumerate() {
         text += &format!("  fault #{i} at {:.3}s: {}\n", f.at.as_secs_f64(), f.fault);

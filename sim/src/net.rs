@@ -94,10 +94,8 @@ impl Link {
 
 /// Whether `pid` is cut off from the server now (dead, partitioned, or a hanging outage).
 fn cut(world: &World, pid: usize) -> bool {
-    let state = world.lock();
-    let process = &state.processes[pid];
-    let slot = &state.slots[process.replica];
-    !process.alive || slot.partitioned > 0 || (state.outages > 0 && !state.refused)
+    let (alive, cut) = world.reach(pid);
+    !alive || cut
 }
 
 async fn lost() {

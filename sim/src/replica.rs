@@ -1,5 +1,6 @@
 //! A replica's process: the crate's real [`Candidate`] and [`Campaign`] (elector, driver,
-//! term lifecycle, fence) over a [`Link`] to the simulated API server, and a term that
+//! term lifecycle, fence, crash proof and successor hand-off, in its Pod) over a [`Link`]
+//! to the simulated API server, and a term that
 //! writes the history's keys through the crate's real [`FenceLayer`], two workers at a
 //! time, while it leads.
 
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tower::{Layer, ServiceExt};
 
 use crate::net::Link;
+use crate::pods;
 use crate::world::{LEASE, NAMESPACE, NodeWall, Process, Traced, World};
 
 /// How long a graceful shutdown waits for the term's workers.
@@ -46,7 +48,16 @@ pub fn launch(world: &World, replica: usize) -> usize {
         world: world.clone(),
         pid,
     };
+    pods::changed(world, replica, |c| {
+        if c.running.is_some() || c.ended.is_some() {
+            c.restarts += 1;
+        }
+        c.running = Some(pid);
+    });
+    let in_pod = world.history.pods;
     let campaign = Candidate::new(spec.identity.clone(), LEASE, NAMESPACE, spec.timings)
+        .in_pod(in_pod.then(|| pods::pod_info(replica, pid)))
+        .replicas(in_pod.then(|| pods::view(world, pid, replica)))
         .wall_clock(Arc::new(NodeWall {
             world: world.clone(),
             replica,
@@ -71,12 +82,26 @@ pub fn launch(world: &World, replica: usize) -> usize {
     let world = world.clone();
     tokio::spawn(async move {
         campaign.run(GRACE, stop.cancelled_owned(), term).await;
-        let mut state = world.lock();
-        let process = &mut state.processes[pid];
-        process.alive = false;
-        process.exited.send_replace(true);
+        {
+            let mut state = world.lock();
+            let process = &mut state.processes[pid];
+            process.alive = false;
+            process.exited.send_replace(true);
+        }
+        ended(&world, replica, pid, 0);
     });
     pid
+}
+
+/// Records that process `pid` ended with `code` (if it still ran in its slot), for its
+/// kubelet to report.
+pub fn ended(world: &World, replica: usize, pid: usize, code: i32) {
+    pods::changed(world, replica, |c| {
+        if c.running == Some(pid) {
+            c.running = None;
+            c.ended = Some((pid, code));
+        }
+    });
 }
 
 /// One worker of a term: writes the keys it owns in turn until the term ends.

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 use crate::check::{self, Facts, ProcessFacts, Violation};
 use crate::history::{Fault, History, Scheduled};
-use crate::replica::launch;
+use crate::replica::{ended, launch};
 use crate::server::By;
 use crate::world::{LEASE, World};
 
@@ -102,6 +102,7 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
                 state.processes[pid].alive = false;
                 pid
             };
+            ended(&world, replica, pid, 137);
             tokio::time::sleep(down).await;
             if world.lock().slots[replica].pid == pid {
                 launch(&world, replica);
@@ -120,8 +121,13 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
             stop.cancel();
             // The kubelet's SIGKILL after the grace period, if it comes to that.
             let grace = Duration::from_secs(30);
-            let _ = tokio::time::timeout(grace, exited.wait_for(|e| *e)).await;
-            world.lock().processes[pid].alive = false;
+            if tokio::time::timeout(grace, exited.wait_for(|e| *e))
+                .await
+                .is_err()
+            {
+                world.lock().processes[pid].alive = false;
+                ended(&world, replica, pid, 137);
+            }
             tokio::time::sleep(down).await;
             if world.lock().slots[replica].pid == pid {
                 launch(&world, replica);
@@ -154,6 +160,15 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
             if let Some(i) = state.slow.iter().position(|s| *s == up_to) {
                 state.slow.remove(i);
             }
+        }
+        Fault::KubeletSilent { replica, lasting } => {
+            world.lock().slots[replica]
+                .kubelet_silent
+                .send_modify(|s| *s += 1);
+            tokio::time::sleep(lasting).await;
+            world.lock().slots[replica]
+                .kubelet_silent
+                .send_modify(|s| *s -= 1);
         }
         Fault::ThrottleLeases { replica, lasting } => {
             world.lock().slots[replica].throttled += 1;

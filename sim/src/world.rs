@@ -17,7 +17,10 @@ use kube_leasehold::observe::Observer;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use kube_leasehold::replicas::Pods;
+
 use crate::history::History;
+use crate::pods::Container;
 use crate::rng::Rng;
 use crate::server::Server;
 
@@ -57,6 +60,10 @@ pub struct Slot {
     pub throttled: usize,
     /// Its node's wall clock steps so far, in microseconds.
     pub stepped: i64,
+    /// Its container, as its kubelet reports it.
+    pub container: Container,
+    /// Silences of its kubelet in force.
+    pub kubelet_silent: watch::Sender<usize>,
 }
 
 /// Everything that changes.
@@ -79,6 +86,8 @@ pub struct State {
     pub lease_requests: Vec<(usize, Duration)>,
     /// Every time a process's fence opened on a new term: (pid, when).
     pub led: Vec<(usize, Duration)>,
+    /// The replicas' Pods, as the API server serves them.
+    pub pods: watch::Sender<Arc<Pods>>,
     /// The trace, when kept.
     pub trace: Option<Vec<String>>,
 }
@@ -105,6 +114,8 @@ impl World {
                 freezes: 0,
                 throttled: 0,
                 stepped: 0,
+                container: Container::default(),
+                kubelet_silent: watch::channel(0).0,
             })
             .collect();
         World {
@@ -118,6 +129,7 @@ impl World {
                 slow: Vec::new(),
                 lease_requests: Vec::new(),
                 led: Vec::new(),
+                pods: watch::channel(Arc::new(Pods::new())).0,
                 trace: trace.then(Vec::new),
             })),
             start: tokio::time::Instant::now(),
@@ -172,6 +184,16 @@ impl World {
     pub fn true_wall(&self) -> Timestamp {
         Timestamp::from_microsecond(EPOCH_SECONDS * 1_000_000 + self.now().as_micros() as i64)
             .expect("a wall time within jiff's range")
+    }
+
+    /// Whether process `pid` is alive, and whether it is cut off from the API server now
+    /// (partitioned, or a hanging outage).
+    pub fn reach(&self, pid: usize) -> (bool, bool) {
+        let state = self.lock();
+        let process = &state.processes[pid];
+        let slot = &state.slots[process.replica];
+        let cut = slot.partitioned > 0 || (state.outages > 0 && !state.refused);
+        (process.alive, cut)
     }
 
     /// Waits while `replica` is frozen.

@@ -34,6 +34,13 @@
 //!   foreign writer — is taken only after the previous holder's fence has surely closed: a
 //!   lease duration after this replica saw it vanish (not after the last renewal it saw:
 //!   renewals it missed may have extended that fence).
+//! - A Lease absent at this replica's first look may have been deleted a moment ago under a
+//!   live holder: it is created a lease duration later. While absent, the Lease is watched
+//!   from the oldest read that found it absent ([`Read::Absent`]), so a term that begins
+//!   and vanishes meanwhile is seen (and waited out); if that history is compacted away
+//!   (410), the wait starts over. A create carries no precondition, so a creator leads only
+//!   if the watch from where it saw the Lease absent shows its own create first; otherwise
+//!   it leaves the Lease to expire, as every other replica waits it out.
 //! - The leader steps down at once when a renew finds the Lease deleted (404) or its
 //!   election record changed by someone else (409, then a read); a metadata-only change
 //!   only makes it renew again with the new resourceVersion.

@@ -45,6 +45,12 @@ pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// kept so that replicas of its earlier releases and of this crate read each other).
 const INSTANCE_PREFIX: &str = "myresource-operator instance ";
 
+/// The termination message that announces the instance `token` (what
+/// [`announce_instance`] writes; a simulated kubelet reports the same).
+pub fn termination_message(token: &str) -> String {
+    format!("{INSTANCE_PREFIX}{token}\n")
+}
+
 /// Picks this process's instance token and writes it to the termination message file at
 /// `path`. Without it (an error) this process offers no crash proof: followers wait for
 /// the lease to expire.
@@ -54,7 +60,7 @@ pub fn announce_instance(path: &str) -> Result<String, String> {
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
         .map_err(|e| format!("reading /dev/urandom: {e}"))?;
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(path, format!("{INSTANCE_PREFIX}{token}\n"))
+    std::fs::write(path, termination_message(&token))
         .map_err(|e| format!("writing {path}: {e}"))?;
     Ok(token)
 }

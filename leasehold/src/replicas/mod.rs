@@ -80,6 +80,15 @@ impl Replicas {
         }
     }
 
+    /// Replicas seen through a Pod view of your own (a test's, a simulation's): `pods` is
+    /// the replicas' Pods by name as they change, `own` this replica's Pod.
+    pub fn from_view(own: &str, pods: watch::Receiver<Arc<Pods>>) -> Self {
+        Replicas {
+            own: own.into(),
+            pods,
+        }
+    }
+
     /// The Pods as last seen.
     pub fn pods(&self) -> Arc<Pods> {
         self.pods.borrow().clone()
