@@ -74,6 +74,8 @@
 //!   ServiceAccount token mounted ([`replicas::this_pod::this_pod`]) and the right to
 //!   watch the replicas' Pods. Without them, and outside a Pod, a crash is taken over when
 //!   the lease expires. It trusts whoever may write `pods/status`, as the cluster does.
+//! - A foreign write that forges a graceful release (an empty holder, a one-second lease, a
+//!   new renew time) is taken as one, at once.
 //! - In scale-out mode the plan only steers: replicas that disagree about who is live may
 //!   leave a shard unled for up to a lease duration, never led twice.
 //!

@@ -68,6 +68,12 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if !cfg!(tokio_unstable) {
+        bail!(
+            "build the simulator with RUSTFLAGS=\"--cfg tokio_unstable\" (cargo xtask simulate \
+             does): only then are tokio's own choices seeded, and a seed replays"
+        );
+    }
     if !(1..=7).contains(&args.replicas) {
         bail!("--replicas must be between 1 and 7 (got {})", args.replicas);
     }

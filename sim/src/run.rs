@@ -40,11 +40,15 @@ pub fn catch_panics() {
 /// Runs `history`; keeps its trace if `trace`.
 pub fn run(history: &History, trace: bool) -> Outcome {
     PANICS.with(|p| p.borrow_mut().clear());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // tokio's own choices (which shard of a watch channel's waiters a receiver joins, so
+    // the order they wake in) come from the runtime's generator: seeded by the history.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(
+        &history.seed.to_le_bytes(),
+    ));
+    let runtime = builder.build().expect("a current-thread runtime");
     let end = history.end();
     let (mut facts, trace) = runtime.block_on(async {
         let world = World::new(history.clone(), trace);

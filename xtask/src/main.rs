@@ -202,8 +202,7 @@ fn run(cli: Cli) -> Result<()> {
 /// on its own: its `simulation` feature of kube-leasehold (the historical defects'
 /// switches) must never reach a build of the operator.
 fn simulate(args: &[String]) -> Result<()> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(workspace_root())
+    let status = simulator_cargo()
         .args(["run", "--quiet", "--release", "--package", SIMULATOR, "--"])
         .args(args)
         .status()
@@ -219,8 +218,7 @@ fn simulate(args: &[String]) -> Result<()> {
 /// replays), and every historical defect re-introduced in turn and caught.
 fn simulation_suite() -> Result<()> {
     eprintln!("==> the simulator's tests, then 2,000 fixed and 3 random seeds, then every defect");
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(workspace_root())
+    let status = simulator_cargo()
         .args(["test", "--release", "--package", SIMULATOR])
         .status()
         .context("running the simulator's tests")?;
@@ -229,6 +227,21 @@ fn simulation_suite() -> Result<()> {
     }
     simulate(&["--seeds", "2000", "--random", "3"].map(String::from))?;
     simulate(&["--every-bug", "--seeds", "2000"].map(String::from))
+}
+
+/// Cargo as the simulator is built: with `--cfg tokio_unstable`, so its runtimes take a
+/// seed, in a target folder of its own (`target/sim`), so the flag never makes the
+/// workspace's builds rebuild.
+fn simulator_cargo() -> Command {
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo
+        .current_dir(workspace_root())
+        .env("RUSTFLAGS", "--cfg tokio_unstable")
+        .env(
+            "CARGO_TARGET_DIR",
+            workspace_root().join("target").join("sim"),
+        );
+    cargo
 }
 
 /// The simulator's package.
