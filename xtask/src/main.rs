@@ -230,8 +230,9 @@ fn simulation_suite() -> Result<()> {
 }
 
 /// Cargo as the simulator is built: with `--cfg tokio_unstable`, so its runtimes take a
-/// seed, in a target folder of its own (`target/sim`), so the flag never makes the
-/// workspace's builds rebuild.
+/// seed, in a target folder of its own, so the flag never makes the workspace's builds
+/// rebuild. The folder is in the project's cache (`sim-target`), outside the clone, so a
+/// fresh clone (CI) rebuilds only the simulator and the crate, not every dependency.
 fn simulator_cargo() -> Command {
     let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cargo
@@ -239,7 +240,7 @@ fn simulator_cargo() -> Command {
         .env("RUSTFLAGS", "--cfg tokio_unstable")
         .env(
             "CARGO_TARGET_DIR",
-            workspace_root().join("target").join("sim"),
+            e2e::binaries::cache_root().join("sim-target"),
         );
     cargo
 }
