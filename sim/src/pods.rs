@@ -18,23 +18,12 @@ use kube_leasehold::replicas::{Pods, Replicas};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::world::{NAMESPACE, World};
+use crate::world::{Container, NAMESPACE, World};
 
 /// How long a kubelet takes to report a container's start or end (PLEG relists each second).
 const REPORT: (Duration, Duration) = (Duration::from_millis(200), Duration::from_millis(1500));
 /// How late a process's Pod watch delivers a change.
 const VIEW_LAG: (Duration, Duration) = (Duration::ZERO, Duration::from_millis(250));
-
-/// The truth about one slot's container, which its kubelet reports.
-#[derive(Debug, Clone, Default)]
-pub struct Container {
-    /// The process running in it.
-    pub running: Option<usize>,
-    /// The last process that ended in it, and its exit code.
-    pub ended: Option<(usize, i32)>,
-    /// Restarts so far.
-    pub restarts: i32,
-}
 
 /// The name of `replica`'s Pod: its identity, as a Deployment's replicas are named.
 pub fn pod_name(replica: usize) -> String {

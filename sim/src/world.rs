@@ -20,7 +20,6 @@ use tokio_util::sync::CancellationToken;
 use kube_leasehold::replicas::Pods;
 
 use crate::history::History;
-use crate::pods::Container;
 use crate::rng::Rng;
 use crate::server::Server;
 
@@ -45,6 +44,17 @@ pub struct Process {
     pub stop: CancellationToken,
     /// Set once its campaign returned.
     pub exited: watch::Sender<bool>,
+}
+
+/// The truth about one slot's container, which its kubelet reports.
+#[derive(Debug, Clone, Default)]
+pub struct Container {
+    /// The process running in it.
+    pub running: Option<usize>,
+    /// The last process that ended in it, and its exit code.
+    pub ended: Option<(usize, i32)>,
+    /// Restarts so far.
+    pub restarts: i32,
 }
 
 /// What holds per replica slot (its Pod and node), whichever process runs in it.
