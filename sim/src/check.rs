@@ -14,11 +14,12 @@
 //! - **No panic** in any task.
 //!
 //! The bound on a new leader: from the moment every fault is over (`h`: the last fault's
-//! end, plus the longest a slow server held a request, which may land after it), a replica whose
-//! own record is current (not deleted) takes it back within two retry periods; otherwise a follower must
-//! first see the last change of the record (`c`: within two retry periods of the first
-//! moment from `c` on when nothing cuts it off for that long), then wait a lease duration (the longest
-//! any replica waits, a graceful release none), then one more retry period.
+//! end, plus the longest a slow server held a request, which may land after it), a
+//! replica whose own record is current (not deleted) takes it back within two retry
+//! periods. Otherwise a follower first sees the last change of the record (`c`: within two
+//! retry periods of the first moment from `c` on when nothing cuts it off for that long),
+//! waits a lease duration (the longest any replica waits; none after a graceful release),
+//! and acquires within two more retry periods:
 //! `B = max(h, min over followers of that) + 2 × retry period + 1 s`.
 
 use std::time::Duration;
