@@ -87,13 +87,18 @@ fn holder(spec: &Option<LeaseSpec>) -> &str {
         .unwrap_or_default()
 }
 
-/// The terms, in the order they began; and the last change of the election record (or
-/// deletion) at or before `h`, with the pid that wrote it if a process did and led on it.
-fn terms(
-    history: &History,
-    facts: &Facts,
-    h: Duration,
-) -> (Vec<Term>, Duration, Option<usize>, Option<LeaseSpec>) {
+/// The election record as it stood when the faults were over.
+struct Record {
+    /// When it last changed (or the Lease was deleted).
+    changed: Duration,
+    /// The process that wrote it, if one did and led on it.
+    author: Option<usize>,
+    /// The record (`None`: deleted or never created).
+    spec: Option<LeaseSpec>,
+}
+
+/// The terms, in the order they began; and the election record as of `h`.
+fn terms(history: &History, facts: &Facts, h: Duration) -> (Vec<Term>, Record) {
     let mut acquires: Vec<Term> = Vec::new();
     let mut current: Option<LeaseSpec> = None;
     let mut author: Option<usize> = None;
@@ -149,7 +154,12 @@ fn terms(
         let last = acquires.iter().rfind(|a| a.pid == *p && a.began <= h);
         last.is_some_and(|last| terms.iter().any(|t| t.pid == *p && t.began == last.began))
     });
-    (terms, at_h.0, author, at_h.2)
+    let record = Record {
+        changed: at_h.0,
+        author,
+        spec: at_h.2,
+    };
+    (terms, record)
 }
 
 /// Checks every invariant.
@@ -173,7 +183,7 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
         .max()
         .unwrap_or_default();
     let h = history.quiet_from() + held;
-    let (terms, changed, author, record) = terms(history, facts, h);
+    let (terms, record) = terms(history, facts, h);
     let who = |pid: usize| format!("r{}#{pid}", facts.processes[pid].replica);
     // Fenced writes.
     for effect in &facts.effects {
@@ -213,7 +223,7 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
     let leaders: Vec<usize> = (0..facts.processes.len())
         .filter(|p| facts.processes[*p].leads)
         .collect();
-    let due = leader_due(history, facts, h, changed, author, record.as_ref());
+    let due = leader_due(history, facts, h, &record);
     match leaders.as_slice() {
         [leader] => {
             let term = terms.iter().rfind(|t| t.pid == *leader);
@@ -349,14 +359,13 @@ fn proof_bound(history: &History) -> Duration {
 }
 
 /// When a leader is due (see the module doc).
-fn leader_due(
-    history: &History,
-    facts: &Facts,
-    h: Duration,
-    changed: Duration,
-    author: Option<usize>,
-    record: Option<&LeaseSpec>,
-) -> Duration {
+fn leader_due(history: &History, facts: &Facts, h: Duration, record: &Record) -> Duration {
+    let Record {
+        changed,
+        author,
+        spec,
+    } = record;
+    let (changed, author, record) = (*changed, *author, spec.as_ref());
     let retry = history.longest_retry();
     // A deleted Lease is recreated only once its last holder's fence has surely closed,
     // by that holder too.

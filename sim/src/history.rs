@@ -178,7 +178,7 @@ impl History {
         let count = 1 + rng.below(8) as usize;
         let mut faults: Vec<Scheduled> = (0..count)
             .map(|_| Scheduled {
-                at: whole_ms(rng.between(FIRST_FAULT, FAULT_WINDOW)),
+                at: rng.between_ms(FIRST_FAULT, FAULT_WINDOW),
                 fault: draw_fault(&mut rng, n),
             })
             .collect();
@@ -189,12 +189,10 @@ impl History {
         if pods {
             let mut silences: Vec<Scheduled> = (0..rng.below(3))
                 .map(|_| Scheduled {
-                    at: whole_ms(rng.between(FIRST_FAULT, FAULT_WINDOW)),
+                    at: rng.between_ms(FIRST_FAULT, FAULT_WINDOW),
                     fault: Fault::KubeletSilent {
                         replica: rng.below(n as u64) as usize,
-                        lasting: whole_ms(
-                            rng.between(Duration::from_secs(1), Duration::from_secs(60)),
-                        ),
+                        lasting: rng.between_ms(Duration::from_secs(1), Duration::from_secs(60)),
                     },
                 })
                 .collect();
@@ -278,45 +276,37 @@ fn timings(lease: u64, renew: u64, retry: u64) -> Timings {
     .expect("consistent timings")
 }
 
-/// `d` to the millisecond: the paused clock's timers fire on whole milliseconds, so a
-/// fault takes effect exactly when its history says.
-fn whole_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
-}
-
 fn draw_fault(rng: &mut Rng, replicas: usize) -> Fault {
     let replica = rng.below(replicas as u64) as usize;
     let s = Duration::from_secs;
-    let mut rng = Rounded(rng);
-    let rng = &mut rng;
     match rng.below(15) {
         0 | 1 => Fault::Crash {
             replica,
-            down: rng.between(s(0), s(30)),
+            down: rng.between_ms(s(0), s(30)),
         },
         2 => Fault::Shutdown {
             replica,
-            down: rng.between(s(0), s(20)),
+            down: rng.between_ms(s(0), s(20)),
         },
         3 => Fault::Freeze {
             replica,
-            lasting: rng.between(Duration::from_millis(100), s(30)),
+            lasting: rng.between_ms(Duration::from_millis(100), s(30)),
         },
         4 | 5 => Fault::Partition {
             replica,
-            lasting: rng.between(Duration::from_millis(100), s(40)),
+            lasting: rng.between_ms(Duration::from_millis(100), s(40)),
         },
         6 => Fault::Outage {
-            lasting: rng.between(s(1), s(40)),
+            lasting: rng.between_ms(s(1), s(40)),
             refused: rng.chance(0.5),
         },
         7 => Fault::Slow {
-            lasting: rng.between(s(1), s(30)),
-            up_to: rng.between(s(1), s(12)),
+            lasting: rng.between_ms(s(1), s(30)),
+            up_to: rng.between_ms(s(1), s(12)),
         },
         8 => Fault::ThrottleLeases {
             replica,
-            lasting: rng.between(s(1), s(40)),
+            lasting: rng.between_ms(s(1), s(40)),
         },
         9 => rng
             .pick(&[Fault::Delete, Fault::ClearHolder, Fault::Relabel])
@@ -324,36 +314,15 @@ fn draw_fault(rng: &mut Rng, replicas: usize) -> Fault {
         10 => Fault::NameHolder { replica },
         11 => Fault::StepWall {
             replica,
-            by: rng.between(s(1), s(3600)),
+            by: rng.between_ms(s(1), s(3600)),
             back: rng.chance(0.5),
         },
         12 => Fault::EndWatches,
         13 => Fault::Relabeler {
-            lasting: rng.between(s(5), s(60)),
-            every: rng.between(Duration::from_millis(500), s(5)),
+            lasting: rng.between_ms(s(5), s(60)),
+            every: rng.between_ms(Duration::from_millis(500), s(5)),
         },
         _ => Fault::Compact,
-    }
-}
-
-/// Draws durations to the millisecond.
-struct Rounded<'a>(&'a mut Rng);
-
-impl Rounded<'_> {
-    fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
-        whole_ms(self.0.between(lo, hi))
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0.below(n)
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        self.0.chance(p)
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        self.0.pick(items)
     }
 }
 

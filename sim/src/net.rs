@@ -296,6 +296,15 @@ fn forward(
     delivered
 }
 
+/// The result of a Lease write, from its answer.
+fn written(resp: Resp) -> Result<Lease, StoreError> {
+    match resp {
+        Resp::Wrote(result) => result.map(|lease| *lease),
+        Resp::Failed(err) => Err(err),
+        _ => unreachable!("a write is answered with its result"),
+    }
+}
+
 impl LeaseStore for Link {
     async fn get(&self, name: &str) -> Result<Read, StoreError> {
         match self.send(Req::Get(name.into())).await? {
@@ -306,19 +315,11 @@ impl LeaseStore for Link {
     }
 
     async fn create(&self, lease: &Lease) -> Result<Lease, StoreError> {
-        match self.send(Req::Create(lease.clone())).await? {
-            Resp::Wrote(result) => result.map(|lease| *lease),
-            Resp::Failed(err) => Err(err),
-            _ => unreachable!("a write is answered with its result"),
-        }
+        written(self.send(Req::Create(lease.clone())).await?)
     }
 
     async fn replace(&self, lease: &Lease) -> Result<Lease, StoreError> {
-        match self.send(Req::Replace(lease.clone())).await? {
-            Resp::Wrote(result) => result.map(|lease| *lease),
-            Resp::Failed(err) => Err(err),
-            _ => unreachable!("a write is answered with its result"),
-        }
+        written(self.send(Req::Replace(lease.clone())).await?)
     }
 
     async fn watch(

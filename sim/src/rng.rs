@@ -39,6 +39,12 @@ impl Rng {
         lo + Duration::from_micros(self.below(span + 1))
     }
 
+    /// A duration in `[lo, hi]`, to the millisecond: the paused clock's timers fire on
+    /// whole milliseconds, so a fault drawn so takes effect exactly when its history says.
+    pub fn between_ms(&mut self, lo: Duration, hi: Duration) -> Duration {
+        Duration::from_millis(self.between(lo, hi).as_millis() as u64)
+    }
+
     /// One of `items`.
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len() as u64) as usize]

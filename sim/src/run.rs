@@ -187,26 +187,14 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
                 spec.holder_identity = Some(String::new());
             }
         }),
-        Fault::Relabel => foreign_edit(&world, |lease| {
-            lease
-                .metadata
-                .labels
-                .get_or_insert_default()
-                .insert("touched-by".into(), format!("fault-{index}"));
-        }),
+        Fault::Relabel => relabel(&world, "touched-by", format!("fault-{index}")),
         Fault::Relabeler { lasting, every } => {
             let until = world.instant(scheduled.at + lasting);
             let mut round = 0;
             while tokio::time::Instant::now() + every <= until {
                 tokio::time::sleep(every).await;
                 round += 1;
-                foreign_edit(&world, |lease| {
-                    lease
-                        .metadata
-                        .labels
-                        .get_or_insert_default()
-                        .insert("synced".into(), format!("fault-{index}-{round}"));
-                });
+                relabel(&world, "synced", format!("fault-{index}-{round}"));
             }
         }
         Fault::NameHolder { replica } => {
@@ -227,6 +215,17 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
         Fault::EndWatches => world.lock().server.end_watches(),
         Fault::Compact => world.lock().server.compact(),
     }
+}
+
+/// A foreign writer sets one label of the Lease: a metadata-only write.
+fn relabel(world: &World, key: &str, value: String) {
+    foreign_edit(world, |lease| {
+        lease
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(key.into(), value);
+    });
 }
 
 /// A foreign writer's read-modify-replace of the Lease (nothing when it is absent).
