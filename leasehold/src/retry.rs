@@ -50,11 +50,15 @@ impl Reachability {
 
 /// How often a watch that keeps failing is logged.
 const LOG_EVERY: Duration = Duration::from_secs(30);
+/// The soonest a failed watch is retried, return or not (kube's first backoff step): a
+/// flow the API server throttles (429) while the process's other requests succeed sees a
+/// "return" after every failure, and would otherwise retry at their pace.
+const SOONEST_RETRY: Duration = Duration::from_millis(800);
 
 /// A watcher's events with its failures retried: after a failure it waits kube's
 /// exponential backoff or until the API server answers again (`returns` moves), whichever
-/// comes first; a return also starts the backoff over. Failures are logged at a bounded
-/// rate.
+/// comes first, but at least [`SOONEST_RETRY`]; a return also starts the backoff over.
+/// Failures are logged at a bounded rate.
 pub fn retried<K, S>(
     events: S,
     returns: watch::Receiver<u64>,
@@ -93,6 +97,7 @@ where
             if let Verdict::Log { suppressed } = st.throttle.failed(crate::clock::now()) {
                 warn!(error = %err, kind = %st.kind, suppressed, "watch failed; retrying");
             }
+            let failed_at = crate::clock::now();
             let delay = st.backoff.next().unwrap_or(Duration::from_secs(30));
             st.returns.borrow_and_update();
             let returned = async {
@@ -108,6 +113,7 @@ where
                     // CRD still being loaded answers 404): start the backoff over, so the
                     // next retries come soon too.
                     st.backoff.reset();
+                    tokio::time::sleep_until((failed_at + SOONEST_RETRY).into()).await;
                     debug!(kind = %st.kind, "the API server answers again: retrying the watch now");
                 }
             }
@@ -137,28 +143,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_failed_watch_is_retried_as_soon_as_the_api_server_answers_again() {
+    async fn a_return_cuts_the_backoff_short_but_never_below_the_first_step() {
         let reachability = Reachability::default();
-        let events = futures::stream::iter(vec![
-            Err(watcher::Error::NoResourceVersion),
-            Ok(Event::<ConfigMap>::InitDone),
-        ]);
+        // Six failures: kube's backoff alone would wait 0.8 + 1.6 + … + 25.6 s at least.
+        let mut results: Vec<_> = (0..6)
+            .map(|_| Err(watcher::Error::NoResourceVersion))
+            .collect();
+        results.push(Ok(Event::<ConfigMap>::InitDone));
         let mut events = Box::pin(retried(
-            events,
+            futures::stream::iter(results),
             reachability.subscribe(),
             "ConfigMap".into(),
         ));
         let started = tokio::time::Instant::now();
+        // The process's other requests fail and succeed every 100 ms (a throttled flow).
         let r = reachability.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            r.record(None);
-            r.record(Some(200));
+            for _ in 0..600 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                r.record(Some(429));
+                r.record(Some(200));
+            }
         });
         assert!(matches!(events.next().await, Some(Event::InitDone)));
-        // kube's first backoff step is 800 ms; the return cut it short.
         let waited = started.elapsed();
-        assert!(waited < Duration::from_millis(500), "{waited:?}");
+        assert!(
+            waited >= SOONEST_RETRY * 6 && waited < SOONEST_RETRY * 6 + Duration::from_millis(700),
+            "each retry came {SOONEST_RETRY:?} after its failure, not at the returns' pace \
+             nor after the backoff: {waited:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,16 +1,21 @@
 //! The invariants, judged on the simulated API server's effect order (when a change took
 //! effect, not when it was sent or answered), as Jepsen's checkers judge a history.
 //!
+//! Each election (the one Lease, or each shard Lease) is judged on its own: its Lease's
+//! changes, the writes let through its fence, who led on it.
+//!
 //! - **Fenced writes**: a term begins when a replica's acquire of the Lease takes effect
 //!   (its write of a record naming it, over a record it did not write) and the replica
 //!   then leads on it (an acquire it disowns, and never leads, is no term). No object
-//!   write of a term takes effect after another process's term began.
-//! - **One leader, soon**: when the faults are over, exactly one process leads, its term
-//!   began by the bound below, and it wrote every key; and in Pods, a leader SIGKILLed with
-//!   no other fault near is replaced within [`proof_bound`] (the crash proof), not a lease
-//!   duration later.
+//!   write of a term takes effect after another process's term of the same Lease began.
+//! - **Shard routing**: with shard Leases, every write let through a shard's fence is of
+//!   an object of that shard (its owner's uid hashes into it).
+//! - **One leader, soon**: when the faults are over, exactly one process leads each Lease,
+//!   its term began by the bound below, and it wrote every key of its shard; and in Pods, a
+//!   leader SIGKILLed with no other fault near is replaced within [`proof_bound`] (the
+//!   crash proof), not a lease duration later.
 //! - **Bounded requests**: no process sends more than [`MAX_LEASE_REQUESTS_PER_SECOND`]
-//!   Lease requests in any second, outage or not.
+//!   requests about one Lease (or the group's list and watch) in any second, outage or not.
 //! - **No panic** in any task.
 //!
 //! The bound on a new leader: from the moment every fault is over (`h`: the last fault's
@@ -20,13 +25,19 @@
 //! retry periods of the first moment from `c` on when nothing cuts it off for that long),
 //! waits a lease duration (the longest any replica waits; none after a graceful release),
 //! and acquires within two more retry periods:
-//! `B = max(h, min over followers of that) + 2 × retry period + 1 s`.
+//! `B = max(h, min over followers of that) + 2 × retry period + 1 s`. With shard Leases,
+//! the plan steers who campaigns: a shard's planned leader changes once a departed
+//! member's Lease has run out (a lease duration, as the shard Lease's own wait, but
+//! counted from its member Lease's last renewal), and it waits up to a retry period for a
+//! warm cache; so `B` gains a lease duration and two retry periods.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
+use kube_leasehold::scaleout::ShardKey;
 
 use crate::history::{Fault, History};
+use crate::replica::uid_of;
 use crate::server::{By, Effect};
 
 /// The most Lease requests one process may send in any second: a takeover race costs up
@@ -44,8 +55,8 @@ pub struct ProcessFacts {
     pub started: Duration,
     /// Alive when the history ended.
     pub alive: bool,
-    /// Its fence open when the history ended (it believes it leads).
-    pub leads: bool,
+    /// Per election, its fence open when the history ended (it believes it leads).
+    pub leads: Vec<bool>,
 }
 
 /// What happened in a history.
@@ -55,10 +66,10 @@ pub struct Facts {
     pub effects: Vec<Effect>,
     /// Every process, by pid.
     pub processes: Vec<ProcessFacts>,
-    /// Every Lease request: (pid, when sent).
-    pub lease_requests: Vec<(usize, Duration)>,
-    /// Every time a process's fence opened on a new term: (pid, when).
-    pub led: Vec<(usize, Duration)>,
+    /// Every Lease request: (pid, which Lease or "group", when sent).
+    pub lease_requests: Vec<(usize, String, Duration)>,
+    /// Every time a process's fence opened on a new term: (pid, Lease, when).
+    pub led: Vec<(usize, String, Duration)>,
     /// When the history ended.
     pub end: Duration,
     /// Panics of any task.
@@ -72,6 +83,55 @@ pub struct Violation {
     pub invariant: &'static str,
     /// What happened.
     pub what: String,
+}
+
+/// One election's share of the facts.
+struct Lane<'a> {
+    /// Its shard (0 with one Lease).
+    shard: usize,
+    /// Its Lease's changes and the writes through its fences, in effect order.
+    effects: Vec<&'a Effect>,
+    /// When a process's fence opened on a term of it: (pid, when).
+    led: Vec<(usize, Duration)>,
+    /// By pid: whether the process leads it at the end.
+    leads: Vec<bool>,
+    /// The keys of its shard.
+    keys: Vec<String>,
+}
+
+impl<'a> Lane<'a> {
+    fn of(history: &History, facts: &'a Facts, shard: usize, name: &'a str) -> Lane<'a> {
+        let effects = facts
+            .effects
+            .iter()
+            .filter(|e| match e {
+                Effect::Lease { name: n, .. } => n == name,
+                Effect::Write { shard: s, .. } => *s == shard,
+            })
+            .collect();
+        Lane {
+            shard,
+            effects,
+            led: facts
+                .led
+                .iter()
+                .filter(|(_, lease, _)| lease == name)
+                .map(|(pid, _, at)| (*pid, *at))
+                .collect(),
+            leads: facts.processes.iter().map(|p| p.leads[shard]).collect(),
+            keys: keys_of(history, shard),
+        }
+    }
+}
+
+/// The keys of shard `shard` (every key with one Lease), by the shard key's own hash.
+fn keys_of(history: &History, shard: usize) -> Vec<String> {
+    (0..history.keys)
+        .map(|k| format!("key-{k}"))
+        .filter(|key| {
+            history.shards == 0 || ShardKey::new(history.shards).shard_of_uid(&uid_of(key)) == shard
+        })
+        .collect()
 }
 
 /// A term: a process's tenure, from the effect of its acquire.
@@ -98,13 +158,13 @@ struct Record {
 }
 
 /// The terms, in the order they began; and the election record as of `h`.
-fn terms(history: &History, facts: &Facts, h: Duration) -> (Vec<Term>, Record) {
+fn terms(history: &History, facts: &Facts, lane: &Lane, h: Duration) -> (Vec<Term>, Record) {
     let mut acquires: Vec<Term> = Vec::new();
     let mut current: Option<LeaseSpec> = None;
     let mut author: Option<usize> = None;
     let mut changed = Duration::ZERO;
     let mut at_h = (Duration::ZERO, None, None);
-    for effect in &facts.effects {
+    for effect in &lane.effects {
         let Effect::Lease { at, by, spec, .. } = effect else {
             continue;
         };
@@ -142,8 +202,7 @@ fn terms(history: &History, facts: &Facts, h: Duration) -> (Vec<Term>, Record) {
                 .iter()
                 .find(|n| n.pid == a.pid)
                 .map_or(Duration::MAX, |n| n.began);
-            facts
-                .led
+            lane.led
                 .iter()
                 .any(|(pid, at)| *pid == a.pid && a.began <= *at && *at < next)
         })
@@ -183,11 +242,91 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
         .max()
         .unwrap_or_default();
     let h = history.quiet_from() + held;
-    let (terms, record) = terms(history, facts, h);
+    for (shard, name) in history.elections().iter().enumerate() {
+        let lane = Lane::of(history, facts, shard, name);
+        let found = check_election(history, facts, &lane, h);
+        violations.extend(found.into_iter().map(|mut v| {
+            if history.shards > 0 {
+                v.what = format!("{name}: {}", v.what);
+            }
+            v
+        }));
+    }
+    if history.shards > 0 {
+        violations.extend(routing(history, facts));
+    }
+    // Bounded requests.
+    let mut subjects: Vec<(usize, &str)> = facts
+        .lease_requests
+        .iter()
+        .map(|(pid, subject, _)| (*pid, subject.as_str()))
+        .collect();
+    subjects.sort();
+    subjects.dedup();
+    for (pid, subject) in subjects {
+        let sent: Vec<Duration> = facts
+            .lease_requests
+            .iter()
+            .filter(|(p, s, _)| *p == pid && s == subject)
+            .map(|(_, _, t)| *t)
+            .collect();
+        if let Some(i) = (MAX_LEASE_REQUESTS_PER_SECOND..sent.len())
+            .find(|i| sent[*i] - sent[i - MAX_LEASE_REQUESTS_PER_SECOND] < Duration::from_secs(1))
+        {
+            violations.push(Violation {
+                invariant: "bounded requests",
+                what: format!(
+                    "r{}#{pid} sent {} requests about {subject} within a second, from {}",
+                    facts.processes[pid].replica,
+                    MAX_LEASE_REQUESTS_PER_SECOND + 1,
+                    secs(sent[i - MAX_LEASE_REQUESTS_PER_SECOND])
+                ),
+            });
+        }
+    }
+    violations
+}
+
+/// Every write let through a shard's fence is of an object of that shard.
+fn routing(history: &History, facts: &Facts) -> Vec<Violation> {
+    let key = ShardKey::new(history.shards);
+    facts
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Write {
+                at,
+                pid,
+                shard,
+                key: object,
+                ..
+            } => {
+                let belongs = key.shard_of_uid(&uid_of(object));
+                (belongs != *shard).then(|| Violation {
+                    invariant: "shard routing",
+                    what: format!(
+                        "r{}#{pid} wrote {object} (of shard {belongs}) through shard {shard}'s fence, taking effect at {}",
+                        facts.processes[*pid].replica,
+                        secs(*at)
+                    ),
+                })
+            }
+            Effect::Lease { .. } => None,
+        })
+        .collect()
+}
+
+/// The invariants of one election (fenced writes, one leader soon, proven deaths).
+fn check_election(history: &History, facts: &Facts, lane: &Lane, h: Duration) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let (terms, record) = terms(history, facts, lane, h);
     let who = |pid: usize| format!("r{}#{pid}", facts.processes[pid].replica);
     // Fenced writes.
-    for effect in &facts.effects {
-        let Effect::Write { at, sent, pid, key } = effect else {
+    for effect in &lane.effects {
+        let Effect::Write {
+            at, sent, pid, key, ..
+        } = effect
+        else {
             continue;
         };
         let Some(own) = terms.iter().rfind(|t| t.pid == *pid && t.began <= *sent) else {
@@ -221,7 +360,7 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
     }
     // One leader, soon.
     let leaders: Vec<usize> = (0..facts.processes.len())
-        .filter(|p| facts.processes[*p].leads)
+        .filter(|p| lane.leads[*p])
         .collect();
     let due = leader_due(history, facts, h, &record);
     match leaders.as_slice() {
@@ -239,7 +378,7 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
                     ),
                 }),
                 Some(term) => {
-                    let written: std::collections::BTreeSet<&str> = facts
+                    let written: std::collections::BTreeSet<&str> = lane
                         .effects
                         .iter()
                         .filter_map(|e| match e {
@@ -251,14 +390,20 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
                             _ => None,
                         })
                         .collect();
-                    if written.len() < history.keys {
+                    let missing = lane
+                        .keys
+                        .iter()
+                        .filter(|k| !written.contains(k.as_str()))
+                        .count();
+                    if missing > 0 {
                         violations.push(Violation {
                             invariant: "one leader, soon",
                             what: format!(
-                                "{} leads but wrote {} of {} keys in its term",
+                                "{} leads but wrote {} of the {} keys of shard {} in its term",
                                 who(*leader),
-                                written.len(),
-                                history.keys
+                                lane.keys.len() - missing,
+                                lane.keys.len(),
+                                lane.shard
                             ),
                         });
                     }
@@ -283,28 +428,6 @@ pub fn check(history: &History, facts: &Facts) -> Vec<Violation> {
     // A proven death is taken over at once.
     if history.pods {
         violations.extend(proven_deaths(history, facts, &terms));
-    }
-    // Bounded requests.
-    for pid in 0..facts.processes.len() {
-        let sent: Vec<Duration> = facts
-            .lease_requests
-            .iter()
-            .filter(|(p, _)| *p == pid)
-            .map(|(_, t)| *t)
-            .collect();
-        if let Some(i) = (MAX_LEASE_REQUESTS_PER_SECOND..sent.len())
-            .find(|i| sent[*i] - sent[i - MAX_LEASE_REQUESTS_PER_SECOND] < Duration::from_secs(1))
-        {
-            violations.push(Violation {
-                invariant: "bounded requests",
-                what: format!(
-                    "{} sent {} Lease requests within a second, from {}",
-                    who(pid),
-                    MAX_LEASE_REQUESTS_PER_SECOND + 1,
-                    secs(sent[i - MAX_LEASE_REQUESTS_PER_SECOND])
-                ),
-            });
-        }
     }
     violations
 }
@@ -390,7 +513,12 @@ fn leader_due(history: &History, facts: &Facts, h: Duration, record: &Record) ->
         .min()
         .unwrap_or(h);
     let available = if author_alive { h } else { followers };
-    h.max(available) + retry * 2 + SLACK
+    let plan = if history.shards > 0 {
+        history.longest_lease() + retry * 2
+    } else {
+        Duration::ZERO
+    };
+    h.max(available) + retry * 2 + SLACK + plan
 }
 
 /// The first moment from `t` on from which no fault cuts `replica` off for `span` (long

@@ -5,8 +5,10 @@ use std::fmt;
 use std::time::Duration;
 
 use kube_leasehold::Timings;
+use kube_leasehold::scaleout::{member_lease, shard_lease};
 
 use crate::rng::Rng;
+use crate::world::LEASE;
 
 /// One replica slot: a Pod whose process may be killed and restarted (same identity, new
 /// incarnation), as a container restarts in the same Pod.
@@ -42,11 +44,12 @@ pub enum Fault {
     /// Priority and fairness throttles the replica's Lease requests (429); its other
     /// requests go through.
     ThrottleLeases { replica: usize, lasting: Duration },
-    /// A foreign writer deletes the Lease.
+    /// A foreign writer deletes the Lease (with shard Leases: the one
+    /// [`History::target`] names, as for every foreign write).
     Delete,
     /// A foreign writer clears the holder, leaving the rest of the record.
     ClearHolder,
-    /// A foreign writer changes only the Lease's labels.
+    /// A foreign writer changes only the Lease's labels (never the group's label).
     Relabel,
     /// A foreign controller relabels the Lease every `every`, for `lasting` (a label
     /// syncer, a GitOps tool): metadata-only writes, one after another.
@@ -81,6 +84,18 @@ impl Fault {
         }
     }
 
+    /// Whether a foreign writer makes it (it hits the Lease [`History::target`] names).
+    pub fn is_foreign(&self) -> bool {
+        matches!(
+            self,
+            Fault::Delete
+                | Fault::ClearHolder
+                | Fault::Relabel
+                | Fault::Relabeler { .. }
+                | Fault::NameHolder { .. }
+        )
+    }
+
     /// The replica it happens to, if one.
     pub fn replica(&self) -> Option<usize> {
         match self {
@@ -113,6 +128,8 @@ impl Fault {
 /// A fault at a time.
 #[derive(Debug, Clone)]
 pub struct Scheduled {
+    /// Its number in the history as drawn (kept by a shrunk history: `--only` names it).
+    pub number: usize,
     /// When, from the start.
     pub at: Duration,
     /// What.
@@ -140,12 +157,17 @@ pub struct History {
     /// Whether the replicas run in Pods whose kubelets report their containers (the crash
     /// proof and successor hand-off), or as bare processes.
     pub pods: bool,
+    /// Scale-out: this many shard Leases, a member Lease per replica and the plan (0: one
+    /// Lease).
+    pub shards: usize,
 }
 
 /// The first fault starts after the replicas settled.
 const FIRST_FAULT: Duration = Duration::from_secs(5);
 /// Faults start within this.
 const FAULT_WINDOW: Duration = Duration::from_secs(150);
+/// The share of drawn histories that run scale-out (2 to 4 shard Leases).
+const SCALE_OUT: f64 = 0.3;
 
 impl History {
     /// The history `seed` draws for `replicas` replicas.
@@ -178,6 +200,7 @@ impl History {
         let count = 1 + rng.below(8) as usize;
         let mut faults: Vec<Scheduled> = (0..count)
             .map(|_| Scheduled {
+                number: 0,
                 at: rng.between_ms(FIRST_FAULT, FAULT_WINDOW),
                 fault: draw_fault(&mut rng, n),
             })
@@ -189,6 +212,7 @@ impl History {
         if pods {
             let mut silences: Vec<Scheduled> = (0..rng.below(3))
                 .map(|_| Scheduled {
+                    number: 0,
                     at: rng.between_ms(FIRST_FAULT, FAULT_WINDOW),
                     fault: Fault::KubeletSilent {
                         replica: rng.below(n as u64) as usize,
@@ -199,13 +223,45 @@ impl History {
             silences.sort_by_key(|f| f.at);
             faults.extend(silences);
         }
+        // Drawn last, for the same reason.
+        let shards = if rng.chance(SCALE_OUT) {
+            2 + rng.below(3) as usize
+        } else {
+            0
+        };
+        // A rolling upgrade under load: the API server throttles one replica's Lease
+        // requests while its writes go through (the case where replicas' differing lease
+        // durations matter most), in half the mixed histories.
+        if mixed && rng.chance(0.5) {
+            faults.push(Scheduled {
+                number: 0,
+                at: rng.between_ms(FIRST_FAULT, FAULT_WINDOW),
+                fault: Fault::ThrottleLeases {
+                    replica: rng.below(n as u64) as usize,
+                    lasting: rng.between_ms(Duration::from_secs(5), Duration::from_secs(40)),
+                },
+            });
+        }
+        for (number, fault) in faults.iter_mut().enumerate() {
+            fault.number = number;
+        }
         History {
             seed,
             replicas,
             faults,
             keys: 6,
             pods,
+            shards: 0,
         }
+        .with_shards(shards)
+    }
+
+    /// The history with `shards` shard Leases (0: one Lease); more keys with more shards,
+    /// so that each shard has some.
+    pub fn with_shards(mut self, shards: usize) -> History {
+        self.shards = shards;
+        self.keys = if shards == 0 { 6 } else { 4 * shards };
+        self
     }
 
     /// The history as bare processes, without Pods (and without kubelet faults).
@@ -217,15 +273,31 @@ impl History {
         self
     }
 
+    /// The Leases elections run for: the one Lease, or each shard's.
+    pub fn elections(&self) -> Vec<String> {
+        if self.shards == 0 {
+            vec![LEASE.to_string()]
+        } else {
+            (0..self.shards).map(|i| shard_lease(LEASE, i)).collect()
+        }
+    }
+
+    /// The Lease fault number `index`'s foreign write hits: the one Lease; with shard Leases, a
+    /// shard's or a replica's member Lease, in turn.
+    pub fn target(&self, index: usize) -> String {
+        if self.shards == 0 {
+            return LEASE.to_string();
+        }
+        let n = self.shards + self.replicas.len();
+        match index % n {
+            i if i < self.shards => shard_lease(LEASE, i),
+            i => member_lease(LEASE, &self.replicas[i - self.shards].identity),
+        }
+    }
+
     /// The history with only the faults at `indices` (a shrunk history).
     pub fn only(mut self, indices: &[usize]) -> History {
-        self.faults = self
-            .faults
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| indices.contains(i))
-            .map(|(_, f)| f)
-            .collect();
+        self.faults.retain(|f| indices.contains(&f.number));
         self
     }
 

@@ -5,6 +5,7 @@
 //! A failing seed is shrunk to the fewest faults that still fail, and printed with its
 //! trace and the command that replays it.
 
+mod caches;
 mod check;
 mod history;
 mod net;
@@ -52,6 +53,10 @@ struct Args {
     /// Replicas in each history.
     #[arg(long, default_value_t = 3)]
     replicas: usize,
+    /// Shard Leases in every history (scale-out; 0: one Lease). Default: drawn per
+    /// history (30% run 2 to 4 shard Leases).
+    #[arg(long)]
+    shard_leases: Option<usize>,
     /// Re-introduce one historical defect; the run succeeds when a seed catches it.
     #[arg(long)]
     bug: Option<String>,
@@ -84,10 +89,13 @@ fn main() -> Result<()> {
         })?),
         None => None,
     };
-    if bug == Some(Bug::AnyShardStore) {
+    if args
+        .shard_leases
+        .is_some_and(|k| !(0..=16).contains(&k) || k == 1)
+    {
         bail!(
-            "--bug any-shard-store needs scale-out histories (shard Leases and the controller's \
-             routing), which this simulator does not run yet"
+            "--shard-leases must be 0 (one Lease) or between 2 and 16 (got {})",
+            args.shard_leases.unwrap_or_default()
         );
     }
     bugs::set(bug);
@@ -99,8 +107,17 @@ fn main() -> Result<()> {
     }
 }
 
-fn history(args: &Args, seed: u64) -> History {
+/// The history `seed` draws, with the shard Leases `--shard-leases` asks for.
+fn drawn(args: &Args, seed: u64) -> History {
     let history = History::generate(seed, args.replicas);
+    match args.shard_leases {
+        Some(shards) => history.with_shards(shards),
+        None => history,
+    }
+}
+
+fn history(args: &Args, seed: u64) -> History {
+    let history = drawn(args, seed);
     match &args.only {
         Some(only) => history.only(only),
         None => history,
@@ -112,6 +129,9 @@ fn replay_command(args: &Args, seed: u64, only: Option<&[usize]>) -> String {
     let mut command = format!("cargo xtask simulate --seed {seed}");
     if args.replicas != 3 {
         command += &format!(" --replicas {}", args.replicas);
+    }
+    if let Some(shards) = args.shard_leases {
+        command += &format!(" --shard-leases {shards}");
     }
     if let Some(bug) = &args.bug {
         command += &format!(" --bug {bug}");
@@ -139,8 +159,24 @@ fn describe(history: &History) -> String {
     if history.pods {
         text += "  in Pods: the kubelets report the containers (crash proof, successor hand-off)\n";
     }
-    for (i, f) in history.faults.iter().enumerate() {
-        text += &format!("  fault #{i} at {:.3}s: {}\n", f.at.as_secs_f64(), f.fault);
+    if history.shards > 0 {
+        text += &format!(
+            "  scale-out: {} shard Leases, a member Lease per replica, {} keys\n",
+            history.shards, history.keys
+        );
+    }
+    for f in &history.faults {
+        text += &format!(
+            "  fault #{} at {:.3}s: {}{}\n",
+            f.number,
+            f.at.as_secs_f64(),
+            f.fault,
+            if history.shards > 0 && f.fault.is_foreign() {
+                format!(" ({})", history.target(f.number))
+            } else {
+                String::new()
+            }
+        );
     }
     text
 }
@@ -178,7 +214,7 @@ fn report(outcome: &Outcome) {
 
 /// Shrinks a failing history to the fewest faults that still break the same invariant.
 fn shrink(args: &Args, seed: u64, invariant: &str) -> (Vec<usize>, Outcome) {
-    let full = History::generate(seed, args.replicas);
+    let full = drawn(args, seed);
     let mut kept: Vec<usize> = (0..full.faults.len()).collect();
     let fails = |kept: &[usize]| {
         let outcome = run(&full.clone().only(kept), false);
@@ -259,7 +295,7 @@ fn search(args: &Args, stop_at_first: bool) -> Search {
                         return;
                     }
                     let seed = seeds[index as usize];
-                    let outcome = run(&History::generate(seed, args.replicas), false);
+                    let outcome = run(&drawn(args, seed), false);
                     simulated.lock().expect("lock")[index as usize] = Some(outcome.simulated);
                     if !outcome.violations.is_empty() {
                         if stop_at_first {
@@ -318,7 +354,7 @@ fn explore(args: &Args, bug: Option<Bug>) -> Result<()> {
         );
     }
     let (kept, shrunk) = shrink(args, *seed, invariant);
-    let history = History::generate(*seed, args.replicas).only(&kept);
+    let history = drawn(args, *seed).only(&kept);
     println!(
         "seed {seed} [{invariant}], shrunk to {} of its faults:\n{}",
         kept.len(),
@@ -352,10 +388,6 @@ fn every_bug(args: &Args) -> Result<()> {
     println!("|---|---|---|---|---|");
     let mut missed = Vec::new();
     for (bug, name) in Bug::ALL {
-        if bug == Bug::AnyShardStore {
-            println!("| `{name}` | not simulated: needs scale-out histories | | | |");
-            continue;
-        }
         bugs::set(Some(bug));
         let found = search(args, true);
         match found.failures.first() {

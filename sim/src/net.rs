@@ -18,14 +18,16 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use http::{Request, Response};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube_leasehold::election::{LeaseEvent, LeaseEvents, LeaseStore, Read, StoreError};
+use kube::runtime::watcher;
+use kube_leasehold::election::{GroupStore, LeaseEvent, LeaseEvents, LeaseStore, Read, StoreError};
 use tokio::sync::{mpsc, oneshot};
 use tower::{BoxError, Service};
 
-use crate::server::By;
-use crate::world::World;
+use crate::server::{By, Change, Filter};
+use crate::world::{NAMESPACE, World};
 
 /// Latency each way, outside faults.
 const LATENCY: (Duration, Duration) = (Duration::from_micros(300), Duration::from_millis(40));
@@ -37,18 +39,29 @@ const WATCH_LAG: (Duration, Duration) = (Duration::ZERO, Duration::from_millis(2
 const LOCAL: (Duration, Duration) = (Duration::ZERO, Duration::from_millis(3));
 /// The share of watches the server ends early.
 const EARLY_END: f64 = 0.1;
+/// How long the group watch's client waits for an answer to a list or a watch (kube's
+/// client has a read timeout; a lost request must not hang the watch for ever).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a group watch asks the server to keep it open.
+const GROUP_WATCH_SECS: u32 = 290;
 
 /// A request.
 enum Req {
     Get(String),
     Create(Lease),
     Replace(Lease),
-    Watch {
+    Delete {
         name: String,
+        resource_version: String,
+    },
+    List(Filter),
+    Watch {
+        filter: Filter,
         from: String,
         secs: u32,
     },
     Write {
+        shard: usize,
         key: String,
         timeout: Option<Duration>,
         sent: Duration,
@@ -59,25 +72,40 @@ enum Req {
 enum Resp {
     Got(Read),
     Wrote(Result<Box<Lease>, StoreError>),
-    Watching(Option<mpsc::UnboundedReceiver<Result<LeaseEvent, StoreError>>>),
+    Deleted(Result<(), StoreError>),
+    Listed(Vec<Lease>, String),
+    Watching(Option<mpsc::UnboundedReceiver<Result<Change, StoreError>>>),
     Status(u16),
     Failed(StoreError),
 }
 
 impl Req {
-    fn is_lease(&self) -> bool {
-        !matches!(self, Req::Write { .. })
+    /// The Lease a Lease request is about ("group" for a list or watch by label), for the
+    /// request-rate invariant; `None` for an object write.
+    fn subject(&self) -> Option<String> {
+        match self {
+            Req::Get(name) | Req::Delete { name, .. } => Some(name.clone()),
+            Req::Create(lease) | Req::Replace(lease) => lease.metadata.name.clone(),
+            Req::Watch {
+                filter: Filter::Name(name),
+                ..
+            } => Some(name.clone()),
+            Req::List(_) | Req::Watch { .. } => Some("group".into()),
+            Req::Write { .. } => None,
+        }
     }
 }
 
-/// A process's connection to the API server: its `LeaseStore`, and the service its fenced
-/// writes go through.
+/// A process's connection to the API server: its `LeaseStore` (and `GroupStore`), and the
+/// service its fenced writes of shard `shard` go through.
 #[derive(Clone)]
 pub struct Link {
     /// The world.
     pub world: World,
     /// The process.
     pub pid: usize,
+    /// The shard whose fence the writes sent here pass (0 with a single Lease).
+    pub shard: usize,
 }
 
 impl Link {
@@ -86,9 +114,34 @@ impl Link {
     async fn send(&self, req: Req) -> Result<Resp, StoreError> {
         let (answer, answered) = oneshot::channel();
         tokio::spawn(journey(self.world.clone(), self.pid, req, answer));
-        answered
+        // The process's client records every outcome in its `Reachability`; a request
+        // given up (its future dropped by a timeout) counts as a failure.
+        let mut outcome = Outcome {
+            reachability: self.world.lock().processes[self.pid].reachability.clone(),
+            status: None,
+        };
+        let result = answered
             .await
-            .map_err(|_| StoreError::Other("connection reset by peer".into()))
+            .map_err(|_| StoreError::Other("connection reset by peer".into()));
+        outcome.status = match &result {
+            Ok(Resp::Status(code)) => Some(*code),
+            Ok(Resp::Failed(StoreError::Other(_))) => Some(429),
+            Ok(_) => Some(200),
+            Err(_) => None,
+        };
+        result
+    }
+}
+
+/// Records a request's outcome when it is over, answered or given up.
+struct Outcome {
+    reachability: kube_leasehold::retry::Reachability,
+    status: Option<u16>,
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        self.reachability.record(self.status);
     }
 }
 
@@ -125,15 +178,14 @@ async fn journey(world: World, pid: usize, req: Req, answer: oneshot::Sender<Res
             return;
         }
         // The fenced socket takes bytes only while the fence is open.
-        if matches!(req, Req::Write { .. })
-            && !state.processes[pid]
-                .fence
-                .is_open(kube_leasehold::clock::now())
+        if let Req::Write { shard, .. } = &req
+            && !state.processes[pid].fences[*shard].is_open(kube_leasehold::clock::now())
         {
             return;
         }
-        if req.is_lease() {
-            state.lease_requests.push((pid, departed));
+        let subject = req.subject();
+        if let Some(subject) = &subject {
+            state.lease_requests.push((pid, subject.clone(), departed));
         }
         let slow = state.slow.iter().max().copied();
         let rng = &mut state.rng;
@@ -143,7 +195,7 @@ async fn journey(world: World, pid: usize, req: Req, answer: oneshot::Sender<Res
             Some(up_to) => rng.between(HANDLING.0, up_to),
             None => rng.between(HANDLING.0, HANDLING.1),
         };
-        let throttled = req.is_lease() && state.slots[replica].throttled > 0;
+        let throttled = subject.is_some() && state.slots[replica].throttled > 0;
         (
             out,
             back,
@@ -196,12 +248,26 @@ fn apply(world: &World, pid: usize, req: Req) -> Resp {
             Req::Get(name) => Resp::Got(state.server.get(name)),
             Req::Create(lease) => Resp::Wrote(state.server.create(now, by, lease).map(Box::new)),
             Req::Replace(lease) => Resp::Wrote(state.server.replace(now, by, lease).map(Box::new)),
-            Req::Write { key, sent, .. } => {
-                state.server.write(now, *sent, pid, key);
+            Req::Delete {
+                name,
+                resource_version,
+            } => Resp::Deleted(
+                state
+                    .server
+                    .delete(now, by, name, Some(resource_version.as_str())),
+            ),
+            Req::List(filter) => {
+                let (leases, rv) = state.server.list(filter);
+                Resp::Listed(leases, rv)
+            }
+            Req::Write {
+                shard, key, sent, ..
+            } => {
+                state.server.write(now, *sent, pid, *shard, key);
                 Resp::Status(200)
             }
-            Req::Watch { name, from, secs } => {
-                let events = state.server.watch(name, from);
+            Req::Watch { filter, from, secs } => {
+                let events = state.server.watch(filter.clone(), from);
                 let early = state.rng.chance(EARLY_END);
                 let lasting = Duration::from_secs(u64::from(*secs));
                 let ends = now
@@ -235,7 +301,11 @@ fn describe(req: &Req, resp: &Resp) -> String {
             spec.renew_time.map(|t| t.0.to_string()).unwrap_or_default()
         )
     };
-    match (req, resp) {
+    let lease = req
+        .subject()
+        .filter(|name| name != "group")
+        .unwrap_or_default();
+    let text = match (req, resp) {
         (Req::Get(_), Resp::Got(Read::Found(l))) => format!("GET Lease → {}", record(l)),
         (Req::Get(_), Resp::Got(Read::Absent { resource_version })) => {
             format!("GET Lease → absent at rv {resource_version}")
@@ -243,15 +313,30 @@ fn describe(req: &Req, resp: &Resp) -> String {
         (Req::Create(_), Resp::Wrote(Ok(l))) => format!("CREATE Lease → {}", record(l)),
         (Req::Replace(_), Resp::Wrote(Ok(l))) => format!("REPLACE Lease → {}", record(l)),
         (Req::Create(_) | Req::Replace(_), Resp::Wrote(Err(e))) => format!("WRITE Lease → {e}"),
+        (Req::Delete { .. }, Resp::Deleted(result)) => format!("DELETE Lease → {result:?}"),
+        (Req::List(_), Resp::Listed(leases, rv)) => {
+            format!("LIST group → {} Leases at rv {rv}", leases.len())
+        }
         (Req::Watch { from, .. }, Resp::Watching(w)) => format!(
-            "WATCH Lease from rv {from} → {}",
+            "WATCH from rv {from} → {}",
             if w.is_some() { "open" } else { "410 Gone" }
         ),
-        (Req::Write { key, sent, .. }, _) => format!(
-            "PUT object {key} (let through the fence at {:.6}s) → applied",
+        (
+            Req::Write {
+                key, sent, shard, ..
+            },
+            _,
+        ) => format!(
+            "PUT object {key} (let through shard {shard}'s fence at {:.6}s) → applied",
             sent.as_secs_f64()
         ),
         _ => String::new(),
+    };
+    // The one Lease goes unnamed, as before shard Leases were simulated.
+    if lease.is_empty() || lease == crate::world::LEASE {
+        text
+    } else {
+        format!("{lease}: {text}")
     }
 }
 
@@ -261,9 +346,9 @@ fn forward(
     world: World,
     pid: usize,
     replica: usize,
-    mut events: mpsc::UnboundedReceiver<LeaseEvent>,
+    mut events: mpsc::UnboundedReceiver<Change>,
     ends: Duration,
-) -> mpsc::UnboundedReceiver<Result<LeaseEvent, StoreError>> {
+) -> mpsc::UnboundedReceiver<Result<Change, StoreError>> {
     let (deliver, delivered) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let end = tokio::time::sleep_until(world.instant(ends));
@@ -329,18 +414,169 @@ impl LeaseStore for Link {
         timeout_secs: u32,
     ) -> Result<LeaseEvents, StoreError> {
         let req = Req::Watch {
-            name: name.into(),
+            filter: Filter::Name(name.into()),
             from: resource_version.into(),
             secs: timeout_secs,
         };
         match self.send(req).await? {
             // 410 Gone, then the end (as `KubeLeases` delivers it).
             Resp::Watching(None) => Ok(futures::stream::iter([Err(StoreError::Gone)]).boxed()),
-            Resp::Watching(Some(mut events)) => {
-                Ok(futures::stream::poll_fn(move |cx| events.poll_recv(cx)).boxed())
-            }
+            Resp::Watching(Some(mut events)) => Ok(futures::stream::poll_fn(move |cx| {
+                events
+                    .poll_recv(cx)
+                    .map(|change| change.map(|c| c.map(|(_, event)| event)))
+            })
+            .boxed()),
             Resp::Failed(err) => Err(err),
             _ => unreachable!("a watch is answered with a stream"),
+        }
+    }
+}
+
+/// A store error as kube's client reports a failed request.
+fn kube_error(err: StoreError) -> kube::Error {
+    kube::Error::Service(Box::new(err))
+}
+
+/// Where a group watch stands (kube's watcher's states, reduced).
+enum Phase {
+    /// About to list.
+    List,
+    /// Watching from a resourceVersion; the stream once opened.
+    Watch {
+        from: String,
+        events: Option<mpsc::UnboundedReceiver<Result<Change, StoreError>>>,
+    },
+}
+
+/// A group watch's state: what kube's watcher keeps between polls.
+struct GroupWatch {
+    link: Link,
+    filter: Filter,
+    phase: Phase,
+    pending: std::collections::VecDeque<watcher::Event<Lease>>,
+}
+
+impl GroupWatch {
+    /// The next event or error, as kube's watcher yields them: a list (`Init`,
+    /// `InitApply`…, `InitDone`), then the changes from the list's resourceVersion; a
+    /// watch that ends is re-opened from the last resourceVersion seen, a 410 starts
+    /// over with a list, and an error is yielded for the caller to back off.
+    async fn next(&mut self) -> watcher::Result<watcher::Event<Lease>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(event);
+            }
+            match &mut self.phase {
+                Phase::List => {
+                    let answer = tokio::time::timeout(
+                        CLIENT_TIMEOUT,
+                        self.link.send(Req::List(self.filter.clone())),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(StoreError::Other("list timed out".into())));
+                    match answer {
+                        Ok(Resp::Listed(leases, rv)) => {
+                            self.pending.push_back(watcher::Event::Init);
+                            self.pending
+                                .extend(leases.into_iter().map(watcher::Event::InitApply));
+                            self.pending.push_back(watcher::Event::InitDone);
+                            self.phase = Phase::Watch {
+                                from: rv,
+                                events: None,
+                            };
+                        }
+                        Ok(Resp::Failed(err)) | Err(err) => {
+                            return Err(watcher::Error::InitialListFailed(kube_error(err)));
+                        }
+                        Ok(_) => unreachable!("a list is answered with Leases"),
+                    }
+                }
+                Phase::Watch { from, events: None } => {
+                    let req = Req::Watch {
+                        filter: self.filter.clone(),
+                        from: from.clone(),
+                        secs: GROUP_WATCH_SECS,
+                    };
+                    let answer = tokio::time::timeout(CLIENT_TIMEOUT, self.link.send(req))
+                        .await
+                        .unwrap_or_else(|_| Err(StoreError::Other("watch timed out".into())));
+                    match answer {
+                        Ok(Resp::Watching(None)) => {
+                            self.phase = Phase::List;
+                            let gone = kube::core::Status::failure("too old", "Expired");
+                            return Err(watcher::Error::WatchError(Box::new(gone.with_code(410))));
+                        }
+                        Ok(Resp::Watching(Some(opened))) => {
+                            self.phase = Phase::Watch {
+                                from: from.clone(),
+                                events: Some(opened),
+                            }
+                        }
+                        Ok(Resp::Failed(err)) | Err(err) => {
+                            return Err(watcher::Error::WatchStartFailed(kube_error(err)));
+                        }
+                        Ok(_) => unreachable!("a watch is answered with a stream"),
+                    }
+                }
+                Phase::Watch {
+                    from,
+                    events: Some(open),
+                } => match open.recv().await {
+                    Some(Ok((_, LeaseEvent::Applied(lease)))) => {
+                        *from = lease.metadata.resource_version.clone().unwrap_or_default();
+                        return Ok(watcher::Event::Apply(*lease));
+                    }
+                    Some(Ok((name, LeaseEvent::Deleted { resource_version }))) => {
+                        *from = resource_version;
+                        let mut gone = Lease::default();
+                        gone.metadata.name = Some(name);
+                        return Ok(watcher::Event::Delete(gone));
+                    }
+                    Some(Err(err)) => {
+                        return Err(watcher::Error::WatchFailed(kube_error(err)));
+                    }
+                    None => {
+                        let from = std::mem::take(from);
+                        self.phase = Phase::Watch { from, events: None };
+                    }
+                },
+            }
+        }
+    }
+}
+
+impl GroupStore for Link {
+    fn namespace(&self) -> String {
+        NAMESPACE.into()
+    }
+
+    fn watch_group(
+        &self,
+        selector: &str,
+    ) -> BoxStream<'static, watcher::Result<watcher::Event<Lease>>> {
+        let watch = GroupWatch {
+            link: self.clone(),
+            filter: Filter::label(selector),
+            phase: Phase::List,
+            pending: Default::default(),
+        };
+        futures::stream::unfold(watch, |mut watch| async move {
+            let next = watch.next().await;
+            Some((next, watch))
+        })
+        .boxed()
+    }
+
+    async fn delete(&self, name: &str, resource_version: &str) -> Result<(), StoreError> {
+        let req = Req::Delete {
+            name: name.into(),
+            resource_version: resource_version.into(),
+        };
+        match self.send(req).await? {
+            Resp::Deleted(result) => result,
+            Resp::Failed(err) => Err(err),
+            _ => unreachable!("a DELETE is answered with its result"),
         }
     }
 }
@@ -375,6 +611,7 @@ impl Service<Request<String>> for Link {
                 .unwrap_or_default()
                 .to_string();
             let req = Req::Write {
+                shard: link.shard,
                 key,
                 timeout: timeout_of(request.uri()),
                 sent: link.world.now(),

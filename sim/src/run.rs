@@ -12,7 +12,7 @@ use crate::check::{self, Facts, ProcessFacts, Violation};
 use crate::history::{Fault, History, Scheduled};
 use crate::replica::{ended, launch};
 use crate::server::By;
-use crate::world::{LEASE, World};
+use crate::world::World;
 
 /// What a run found.
 #[derive(Debug, Clone)]
@@ -49,14 +49,16 @@ pub fn run(history: &History, trace: bool) -> Outcome {
         &history.seed.to_le_bytes(),
     ));
     let runtime = builder.build().expect("a current-thread runtime");
+    // kube's watch backoff draws its jitter from this thread's generator.
+    fastrand::seed(history.seed);
     let end = history.end();
     let (mut facts, trace) = runtime.block_on(async {
         let world = World::new(history.clone(), trace);
         for replica in 0..history.replicas.len() {
             launch(&world, replica);
         }
-        for (index, fault) in history.faults.iter().enumerate() {
-            tokio::spawn(inject(world.clone(), index, fault.clone()));
+        for fault in &history.faults {
+            tokio::spawn(inject(world.clone(), fault.clone()));
         }
         tokio::time::sleep_until(world.instant(end)).await;
         let now = kube_leasehold::clock::now();
@@ -70,7 +72,7 @@ pub fn run(history: &History, trace: bool) -> Outcome {
                     replica: p.replica,
                     started: p.started,
                     alive: p.alive,
-                    leads: p.alive && p.fence.is_open(now),
+                    leads: p.fences.iter().map(|f| p.alive && f.is_open(now)).collect(),
                 })
                 .collect(),
             lease_requests: std::mem::take(&mut state.lease_requests),
@@ -91,9 +93,15 @@ pub fn run(history: &History, trace: bool) -> Outcome {
 }
 
 /// Injects one fault at its time, and undoes it when it is over.
-async fn inject(world: World, index: usize, scheduled: Scheduled) {
+async fn inject(world: World, scheduled: Scheduled) {
+    let index = scheduled.number;
     tokio::time::sleep_until(world.instant(scheduled.at)).await;
-    world.trace("fault", format!("#{index}: {}", scheduled.fault));
+    let target = world.history.target(index);
+    if world.history.shards > 0 && scheduled.fault.is_foreign() {
+        world.trace("fault", format!("#{index}: {} ({target})", scheduled.fault));
+    } else {
+        world.trace("fault", format!("#{index}: {}", scheduled.fault));
+    }
     let now = world.now();
     match scheduled.fault {
         Fault::Crash { replica, down } => {
@@ -180,27 +188,27 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
             world.lock().slots[replica].throttled -= 1;
         }
         Fault::Delete => {
-            world.lock().server.delete(now, By::Foreign, LEASE);
+            let _ = world.lock().server.delete(now, By::Foreign, &target, None);
         }
-        Fault::ClearHolder => foreign_edit(&world, |lease| {
+        Fault::ClearHolder => foreign_edit(&world, &target, |lease| {
             if let Some(spec) = lease.spec.as_mut() {
                 spec.holder_identity = Some(String::new());
             }
         }),
-        Fault::Relabel => relabel(&world, "touched-by", format!("fault-{index}")),
+        Fault::Relabel => relabel(&world, &target, "touched-by", format!("fault-{index}")),
         Fault::Relabeler { lasting, every } => {
             let until = world.instant(scheduled.at + lasting);
             let mut round = 0;
             while tokio::time::Instant::now() + every <= until {
                 tokio::time::sleep(every).await;
                 round += 1;
-                relabel(&world, "synced", format!("fault-{index}-{round}"));
+                relabel(&world, &target, "synced", format!("fault-{index}-{round}"));
             }
         }
         Fault::NameHolder { replica } => {
             let identity = world.history.replicas[replica].identity.clone();
             let wall = MicroTime(world.true_wall());
-            foreign_edit(&world, |lease| {
+            foreign_edit(&world, &target, |lease| {
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 spec.holder_identity = Some(identity);
                 spec.acquire_time = Some(wall.clone());
@@ -217,9 +225,9 @@ async fn inject(world: World, index: usize, scheduled: Scheduled) {
     }
 }
 
-/// A foreign writer sets one label of the Lease: a metadata-only write.
-fn relabel(world: &World, key: &str, value: String) {
-    foreign_edit(world, |lease| {
+/// A foreign writer sets one label of the Lease `name`: a metadata-only write.
+fn relabel(world: &World, name: &str, key: &str, value: String) {
+    foreign_edit(world, name, |lease| {
         lease
             .metadata
             .labels
@@ -228,11 +236,15 @@ fn relabel(world: &World, key: &str, value: String) {
     });
 }
 
-/// A foreign writer's read-modify-replace of the Lease (nothing when it is absent).
-fn foreign_edit(world: &World, edit: impl FnOnce(&mut k8s_openapi::api::coordination::v1::Lease)) {
+/// A foreign writer's read-modify-replace of the Lease `name` (nothing when it is absent).
+fn foreign_edit(
+    world: &World,
+    name: &str,
+    edit: impl FnOnce(&mut k8s_openapi::api::coordination::v1::Lease),
+) {
     let now = world.now();
     let mut state = world.lock();
-    if let Some(mut lease) = state.server.lease(LEASE) {
+    if let Some(mut lease) = state.server.lease(name) {
         edit(&mut lease);
         let _ = state.server.replace(now, By::Foreign, &lease);
     }

@@ -4,8 +4,9 @@
 //!
 //! Invariants, as the real API server keeps them: one resourceVersion counter for
 //! everything; a replace applies only with the current resourceVersion, a create only when
-//! absent; a watch from resourceVersion `rv` delivers every later change of its Lease, in
-//! order, unless `rv` was compacted away (410 Gone).
+//! absent, a delete with a precondition only with the current resourceVersion; a watch
+//! from resourceVersion `rv` delivers every later change of its Lease (or of every Lease
+//! with its label), in order, unless `rv` was compacted away (410 Gone).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,6 +31,7 @@ pub enum Effect {
     Lease {
         at: Duration,
         by: By,
+        name: String,
         spec: Option<LeaseSpec>,
     },
     /// A leader's write of an object took effect.
@@ -38,14 +40,47 @@ pub enum Effect {
         /// When its process let it through the fence.
         sent: Duration,
         pid: usize,
+        /// The shard whose fence it went through (0 with a single Lease).
+        shard: usize,
         key: String,
     },
 }
 
+/// What a watch follows: one Lease, or every Lease with a label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Filter {
+    /// The Lease of this name.
+    Name(String),
+    /// Every Lease whose label `.0` is `.1`.
+    Label(String, String),
+}
+
+impl Filter {
+    /// A label selector `key=value` (the only form the group watch uses).
+    pub fn label(selector: &str) -> Filter {
+        let (key, value) = selector.split_once('=').unwrap_or((selector, ""));
+        Filter::Label(key.into(), value.into())
+    }
+
+    fn matches(&self, lease: &Lease) -> bool {
+        match self {
+            Filter::Name(name) => lease.metadata.name.as_deref() == Some(name),
+            Filter::Label(key, value) => lease
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.get(key) == Some(value)),
+        }
+    }
+}
+
+/// A change as a watch delivers it: the Lease's name and the event.
+pub type Change = (String, LeaseEvent);
+
 /// A watch's end of the server.
 struct Watcher {
-    name: String,
-    events: mpsc::UnboundedSender<LeaseEvent>,
+    filter: Filter,
+    events: mpsc::UnboundedSender<Change>,
 }
 
 /// The server's state.
@@ -53,8 +88,8 @@ struct Watcher {
 pub struct Server {
     rv: u64,
     leases: BTreeMap<String, Lease>,
-    /// Every change of every Lease: (resourceVersion, Lease name, event).
-    history: Vec<(u64, String, LeaseEvent)>,
+    /// Every change of every Lease: (resourceVersion, the Lease as it was last, event).
+    history: Vec<(u64, Lease, LeaseEvent)>,
     /// Watches from before this resourceVersion get 410 Gone.
     compacted: u64,
     watchers: Vec<Watcher>,
@@ -75,6 +110,17 @@ impl Server {
                 resource_version: self.rv.to_string(),
             },
         }
+    }
+
+    /// Every Lease `filter` matches, and the resourceVersion of the list.
+    pub fn list(&self, filter: &Filter) -> (Vec<Lease>, String) {
+        let leases = self
+            .leases
+            .values()
+            .filter(|l| filter.matches(l))
+            .cloned()
+            .collect();
+        (leases, self.rv.to_string())
     }
 
     /// The Lease, if it exists (what a foreign writer edits).
@@ -101,16 +147,29 @@ impl Server {
         Ok(self.store(at, by, name, lease.clone()))
     }
 
-    /// DELETE.
-    pub fn delete(&mut self, at: Duration, by: By, name: &str) -> bool {
-        if self.leases.remove(name).is_none() {
-            return false;
+    /// DELETE, with the resourceVersion precondition `precondition` if given.
+    pub fn delete(
+        &mut self,
+        at: Duration,
+        by: By,
+        name: &str,
+        precondition: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let current = self.leases.get(name).ok_or(StoreError::NotFound)?;
+        if precondition.is_some_and(|rv| current.metadata.resource_version.as_deref() != Some(rv)) {
+            return Err(StoreError::Conflict);
         }
+        let gone = self.leases.remove(name).expect("present");
         self.rv += 1;
-        self.effects.push(Effect::Lease { at, by, spec: None });
+        self.effects.push(Effect::Lease {
+            at,
+            by,
+            name: name.into(),
+            spec: None,
+        });
         let resource_version = self.rv.to_string();
-        self.publish(name, LeaseEvent::Deleted { resource_version });
-        true
+        self.publish(&gone, LeaseEvent::Deleted { resource_version });
+        Ok(())
     }
 
     fn store(&mut self, at: Duration, by: By, name: String, mut lease: Lease) -> Lease {
@@ -119,38 +178,39 @@ impl Server {
         self.effects.push(Effect::Lease {
             at,
             by,
+            name: name.clone(),
             spec: lease.spec.clone(),
         });
-        self.leases.insert(name.clone(), lease.clone());
-        self.publish(&name, LeaseEvent::Applied(Box::new(lease.clone())));
+        self.leases.insert(name, lease.clone());
+        self.publish(&lease, LeaseEvent::Applied(Box::new(lease.clone())));
         lease
     }
 
-    fn publish(&mut self, name: &str, event: LeaseEvent) {
-        self.history.push((self.rv, name.into(), event.clone()));
+    /// Tells the watches of `lease` (as it is now, or was when deleted) about `event`.
+    fn publish(&mut self, lease: &Lease, event: LeaseEvent) {
+        self.history.push((self.rv, lease.clone(), event.clone()));
+        let change = (lease.metadata.name.clone().unwrap_or_default(), event);
         self.watchers
-            .retain(|w| w.name != name || w.events.send(event.clone()).is_ok());
+            .retain(|w| !w.filter.matches(lease) || w.events.send(change.clone()).is_ok());
     }
 
-    /// A watch of `name` from `from`: the changes since, then every later one; `None` when
-    /// `from` was compacted away (410 Gone) or is not a resourceVersion.
-    pub fn watch(&mut self, name: &str, from: &str) -> Option<mpsc::UnboundedReceiver<LeaseEvent>> {
+    /// A watch of what `filter` matches from `from`: the changes since, then every later
+    /// one; `None` when `from` was compacted away (410 Gone) or is not a resourceVersion.
+    pub fn watch(&mut self, filter: Filter, from: &str) -> Option<mpsc::UnboundedReceiver<Change>> {
         let from: u64 = from.parse().ok()?;
         if from < self.compacted {
             return None;
         }
         let (events, receiver) = mpsc::unbounded_channel();
-        for (_, _, event) in self
+        for (_, lease, event) in self
             .history
             .iter()
-            .filter(|(rv, n, _)| *rv > from && n == name)
+            .filter(|(rv, lease, _)| *rv > from && filter.matches(lease))
         {
-            let _ = events.send(event.clone());
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            let _ = events.send((name, event.clone()));
         }
-        self.watchers.push(Watcher {
-            name: name.into(),
-            events,
-        });
+        self.watchers.push(Watcher { filter, events });
         Some(receiver)
     }
 
@@ -166,13 +226,14 @@ impl Server {
         self.watchers.clear();
     }
 
-    /// Records that a leader's object write took effect.
-    pub fn write(&mut self, at: Duration, sent: Duration, pid: usize, key: &str) {
+    /// Records that a leader's object write (through shard `shard`'s fence) took effect.
+    pub fn write(&mut self, at: Duration, sent: Duration, pid: usize, shard: usize, key: &str) {
         self.rv += 1;
         self.effects.push(Effect::Write {
             at,
             sent,
             pid,
+            shard,
             key: key.into(),
         });
     }
@@ -207,13 +268,27 @@ mod tests {
             s.replace(t, By::Foreign, &lease(Some("0"))),
             Err(StoreError::Conflict)
         );
-        let mut watch = s.watch("l", "0").expect("not compacted");
+        let mut watch = s
+            .watch(Filter::Name("l".into()), "0")
+            .expect("not compacted");
+        let mut labelled = s.watch(Filter::label("g=1"), "0").expect("not compacted");
         s.replace(t, By::Foreign, &created).unwrap();
-        assert!(matches!(watch.try_recv(), Ok(LeaseEvent::Applied(_))));
-        assert!(matches!(watch.try_recv(), Ok(LeaseEvent::Applied(_))));
+        assert!(matches!(watch.try_recv(), Ok((_, LeaseEvent::Applied(_)))));
+        assert!(matches!(watch.try_recv(), Ok((_, LeaseEvent::Applied(_)))));
+        assert!(labelled.try_recv().is_err(), "no Lease labelled g=1");
+        let mut relabelled = s.lease("l").unwrap();
+        relabelled.metadata.labels = Some([("g".to_string(), "1".to_string())].into());
+        s.replace(t, By::Foreign, &relabelled).unwrap();
+        assert!(matches!(labelled.try_recv(), Ok((name, LeaseEvent::Applied(_))) if name == "l"));
+        assert_eq!(s.list(&Filter::label("g=1")).0.len(), 1);
         s.compact();
-        assert!(s.watch("l", "1").is_none(), "410 Gone");
-        assert!(s.delete(t, By::Foreign, "l"));
+        assert!(s.watch(Filter::Name("l".into()), "1").is_none(), "410 Gone");
+        assert_eq!(
+            s.delete(t, By::Foreign, "l", Some("1")),
+            Err(StoreError::Conflict),
+            "a stale precondition"
+        );
+        assert_eq!(s.delete(t, By::Foreign, "l", None), Ok(()));
         assert_eq!(
             s.replace(t, By::Foreign, &created),
             Err(StoreError::NotFound)

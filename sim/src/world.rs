@@ -14,6 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube_leasehold::Fence;
 use kube_leasehold::clock::WallClock;
 use kube_leasehold::observe::Observer;
+use kube_leasehold::retry::Reachability;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -23,7 +24,8 @@ use crate::history::History;
 use crate::rng::Rng;
 use crate::server::Server;
 
-/// The Lease every replica stands for.
+/// The Lease every replica stands for (with shard Leases: the group's name, which their
+/// names start with).
 pub const LEASE: &str = "sim-leader";
 /// Its namespace.
 pub const NAMESPACE: &str = "sim";
@@ -34,8 +36,9 @@ const EPOCH_SECONDS: i64 = 1_800_000_000;
 pub struct Process {
     /// The replica slot it runs in.
     pub replica: usize,
-    /// Its fence (what the checker asks at the end: does it believe it leads?).
-    pub fence: Fence,
+    /// Its fences, one per election (what the checker asks at the end: does it believe it
+    /// leads?).
+    pub fences: Vec<Fence>,
     /// Not killed and not exited.
     pub alive: bool,
     /// When it started.
@@ -44,6 +47,9 @@ pub struct Process {
     pub stop: CancellationToken,
     /// Set once its campaign returned.
     pub exited: watch::Sender<bool>,
+    /// The API server's returns, as its client records every answer (what cuts a
+    /// failed watch's backoff short).
+    pub reachability: Reachability,
 }
 
 /// The truth about one slot's container, which its kubelet reports.
@@ -92,10 +98,11 @@ pub struct State {
     pub refused: bool,
     /// The slow periods in force (each request waits up to the largest).
     pub slow: Vec<Duration>,
-    /// Every Lease request sent: (pid, when).
-    pub lease_requests: Vec<(usize, Duration)>,
-    /// Every time a process's fence opened on a new term: (pid, when).
-    pub led: Vec<(usize, Duration)>,
+    /// Every Lease request sent: (pid, the Lease or "group" for the group's list and watch,
+    /// when).
+    pub lease_requests: Vec<(usize, String, Duration)>,
+    /// Every time a process's fence opened on a new term: (pid, Lease, when).
+    pub led: Vec<(usize, String, Duration)>,
     /// The replicas' Pods, as the API server serves them.
     pub pods: watch::Sender<Arc<Pods>>,
     /// The trace, when kept.
@@ -250,11 +257,21 @@ pub struct Traced {
 impl Observer for Traced {
     fn became_leader(&self, lease: &str) {
         let now = self.world.now();
-        self.world.lock().led.push((self.pid, now));
+        self.world.lock().led.push((self.pid, lease.into(), now));
         if self.world.tracing() {
             let who = self.world.who(self.pid);
             self.world
                 .trace(&who, format!("leads {lease}: its fence opens"));
+        }
+    }
+
+    fn shards(&self, led: usize, cached: usize, members: usize) {
+        if self.world.tracing() {
+            let who = self.world.who(self.pid);
+            self.world.trace(
+                &who,
+                format!("plans: leads {led} shards, caches {cached}, sees {members} members"),
+            );
         }
     }
 

@@ -346,10 +346,7 @@ async fn release_freed(tasks: Vec<JoinHandle<()>>) {
 
 /// A MyResource event with only the objects of shard `s` (a re-list's markers pass).
 fn only_shard(event: Event<MyResource>, s: ShardScope) -> Option<Event<MyResource>> {
-    let ours = |mr: &MyResource| {
-        mr.uid()
-            .is_some_and(|uid| s.key.shard_of_uid(&uid) == s.index)
-    };
+    let ours = |mr: &MyResource| mr.uid().is_some_and(|uid| s.key.owns(s.index, &uid));
     match &event {
         Event::Apply(mr) | Event::Delete(mr) | Event::InitApply(mr) if !ours(mr) => None,
         _ => Some(event),

@@ -498,7 +498,7 @@ fn in_shard(shard: Option<(ShardKey, usize)>, mr: &MyResource) -> bool {
 /// Whether the objects of the MyResource `uid` (itself, the ConfigMaps it controls, the
 /// Events about it) belong to the shard of a scale-out context (always, outside scale-out).
 fn owns(shard: Option<(ShardKey, usize)>, uid: &str) -> bool {
-    shard.is_none_or(|(key, index)| key.shard_of_uid(uid) == index)
+    shard.is_none_or(|(key, index)| key.owns(index, uid))
 }
 
 /// Server-side applies the desired ConfigMap over `existing`, with its resourceVersion as a

@@ -15,12 +15,12 @@ use std::sync::Arc;
 use anyhow::Result;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube_leasehold::Timings;
 use kube_leasehold::fence::Fence;
 use kube_leasehold::replicas::Replicas;
 use kube_leasehold::replicas::this_pod::PodInfo;
 use kube_leasehold::scaleout::selector::serves_shard_selector;
 use kube_leasehold::scaleout::{Member, ShardCaches, ShardGroup, ShardKey, shard_lease};
+use kube_leasehold::{KubeLeases, Timings};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -140,7 +140,11 @@ pub async fn run(s: ScaleOut, stop: impl Future<Output = ()>) -> Result<()> {
         }
     };
     let member = Member {
-        api: Api::namespaced(s.clients.election.clone(), &s.lease_namespace),
+        leases: KubeLeases::new(Api::namespaced(
+            s.clients.election.clone(),
+            &s.lease_namespace,
+        )),
+        wall: kube_leasehold::clock::system_wall(),
         identity: s.identity,
         group: s.group,
         key: s.key,

@@ -69,5 +69,5 @@ mod timings;
 
 pub use driver::{Driver, Seat};
 pub use elector::{Action, Elector};
-pub use store::{KubeLeases, LeaseEvent, LeaseEvents, LeaseStore, Read, StoreError};
+pub use store::{GroupStore, KubeLeases, LeaseEvent, LeaseEvents, LeaseStore, Read, StoreError};
 pub use timings::Timings;

@@ -1,4 +1,5 @@
-//! Where the election reads and writes its Lease: the [`LeaseStore`] seam, and its kube
+//! Where the election reads and writes its Lease: the [`LeaseStore`] seam (and
+//! [`GroupStore`], what a shard group's membership needs besides), and their kube
 //! implementation [`KubeLeases`].
 //!
 //! The election's safety rests on two properties of a store, which the API server gives
@@ -14,7 +15,8 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::ResourceExt;
-use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams};
+use kube::runtime::watcher;
 
 /// Why a store request failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +95,29 @@ pub trait LeaseStore: Send + Sync + 'static {
         resource_version: &str,
         timeout_secs: u32,
     ) -> impl Future<Output = Result<LeaseEvents, StoreError>> + Send;
+}
+
+/// What a shard group's membership needs besides one Lease's reads and writes: the
+/// namespace, one watch of every Lease of the group, and a conditional delete.
+/// Implemented by [`KubeLeases`]; a simulation implements it over its own server.
+pub trait GroupStore: LeaseStore + Clone {
+    /// The namespace of the Leases.
+    fn namespace(&self) -> String;
+
+    /// Every Lease labelled `selector`, as kube's watcher reports them: a list
+    /// (`Init`, `InitApply`…, `InitDone`), then each change; after an error, the next poll
+    /// starts over (a list again, or a watch from the last resourceVersion).
+    fn watch_group(
+        &self,
+        selector: &str,
+    ) -> BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
+
+    /// Deletes the Lease `name` if its resourceVersion is still `resource_version`.
+    fn delete(
+        &self,
+        name: &str,
+        resource_version: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// The Leases of one namespace on a Kubernetes API server. Give it a client that does not
@@ -181,5 +206,37 @@ impl LeaseStore for KubeLeases {
                 }
             })
             .boxed())
+    }
+}
+
+impl GroupStore for KubeLeases {
+    fn namespace(&self) -> String {
+        self.api.namespace().unwrap_or_default().to_string()
+    }
+
+    fn watch_group(
+        &self,
+        selector: &str,
+    ) -> BoxStream<'static, watcher::Result<watcher::Event<Lease>>> {
+        watcher::watcher(
+            self.api.clone(),
+            watcher::Config::default().labels(selector),
+        )
+        .boxed()
+    }
+
+    async fn delete(&self, name: &str, resource_version: &str) -> Result<(), StoreError> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(resource_version.into()),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        self.api
+            .delete(name, &params)
+            .await
+            .map(drop)
+            .map_err(store_error)
     }
 }

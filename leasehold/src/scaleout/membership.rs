@@ -21,7 +21,13 @@
 //!   shard it still holds; it stops caching a shard only when neither is true any more.
 //!   A standby cache it does not have yet may wait (at most a retry period) while a
 //!   takeover is pending, so that its LIST does not slow the takeover down;
-//! - the plan only steers: each shard's safety is its own Lease and fence.
+//! - the plan only steers: each shard's safety is its own Lease and fence;
+//! - a holder hands a shard off only once the plan has asked for it for a retry period
+//!   ([`Settling`]): while views differ (after an outage, a join) the plan may flip, and a
+//!   holder releasing at once would pass its shards back and forth;
+//! - the group watch must show this replica's own renewals: one that shows none of them
+//!   for [`echo_within`] is taken for dead (a connection a hanging outage left open, which
+//!   kube's client, with no read timeout, would hold until it broke) and started over.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -31,16 +37,17 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
+use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::assignment::{self, Intent, View};
 use super::shard_key::ShardKey;
-use crate::election::Timings;
+use crate::clock::Wall;
+use crate::election::{GroupStore, KubeLeases, Read, StoreError, Timings};
 use crate::observe::Observer;
 use crate::replicas::exit;
 use crate::replicas::this_pod::PodInfo;
@@ -269,10 +276,13 @@ pub trait ShardCaches: Send + Sync + 'static {
 /// Shared by the [`Membership`] and the shard elections of a
 /// [`crate::scaleout::ShardGroup`].
 #[derive(Clone)]
-pub struct Member {
-    /// The group's Leases (member and shard Leases share a namespace; the election client's
-    /// API: never fenced).
-    pub api: Api<Lease>,
+pub struct Member<S = KubeLeases> {
+    /// The group's Leases (member and shard Leases share a namespace; for a real cluster,
+    /// [`KubeLeases`] over the election client's API: never fenced).
+    pub leases: S,
+    /// The wall clock written into the member Lease and against which a record seen for
+    /// the first time is dated ([`crate::clock::system_wall`] but in a simulation).
+    pub wall: Wall,
     /// This replica's identity (the holder it writes).
     pub identity: String,
     /// The group's (base Lease's) name: shard Leases are `<group>-<i>`, member Leases
@@ -298,9 +308,9 @@ pub struct Member {
 }
 
 /// What a scale-out replica's membership needs.
-pub struct Membership<C> {
+pub struct Membership<C, S = KubeLeases> {
     /// Who this replica is in which group.
-    pub member: Member,
+    pub member: Member<S>,
     /// The shard caches.
     pub caches: C,
     /// One per shard, in order: whether this replica leads it.
@@ -309,20 +319,23 @@ pub struct Membership<C> {
     pub intent: watch::Sender<Intent>,
 }
 
-impl<C: ShardCaches> Membership<C> {
+impl<C: ShardCaches, S: GroupStore> Membership<C, S> {
     /// Renews this replica's member Lease and keeps the plan, the cached shards and the
     /// intent current, until `stop` fires; then clears the member Lease (leaving the
     /// group) and returns.
     pub async fn run(self, stop: CancellationToken) {
         let name = member_lease(&self.member.group, &self.member.identity);
-        let config =
-            watcher::Config::default().labels(&format!("{GROUP_LABEL}={}", self.member.group));
-        let events = retried(
-            watcher::watcher(self.member.api.clone(), config),
-            self.member.reachability.subscribe(),
-            "Lease".into(),
-        );
-        let mut events = std::pin::pin!(events);
+        let selector = format!("{GROUP_LABEL}={}", self.member.group);
+        let watch = || {
+            Box::pin(retried(
+                self.member.leases.watch_group(&selector),
+                self.member.reachability.subscribe(),
+                "Lease".into(),
+            ))
+        };
+        let mut events = watch();
+        let mut echo = Echo::default();
+        let echo_within = echo_within(self.member.timings);
         let mut warmed = self.caches.subscribe_warmed();
         let mut roles: Vec<_> = self.leaderships.iter().map(Leadership::subscribe).collect();
         let mut pods = self.member.replicas.as_ref().map(Replicas::subscribe);
@@ -337,6 +350,7 @@ impl<C: ShardCaches> Membership<C> {
         let mut failures = Throttle::new(Duration::from_secs(30));
         // Since when a takeover has been pending (new standby caches wait for it).
         let mut deferring: Option<Instant> = None;
+        let mut settling = Settling::default();
         let retry = self.member.timings.retry_period;
         loop {
             let now = crate::clock::now();
@@ -351,7 +365,12 @@ impl<C: ShardCaches> Membership<C> {
                         if let Some(run) = failures.succeeded() {
                             info!(failures = run, "member Lease renewals succeed again");
                         }
-                        group.observe(&lease, crate::clock::now(), Timestamp::now());
+                        group.observe(&lease, crate::clock::now(), self.member.wall.now());
+                        echo.wrote(
+                            lease.resource_version().unwrap_or_default(),
+                            crate::clock::now(),
+                            echo_within,
+                        );
                         written = Some(lease);
                         renew_at = crate::clock::now() + retry;
                     }
@@ -371,16 +390,23 @@ impl<C: ShardCaches> Membership<C> {
                 let joined = renewed.is_some_and(|at| {
                     crate::clock::now() < at + self.member.timings.lease_duration
                 });
-                replan_by = self.replan(&group, joined, &mut deferring);
+                replan_by = self.replan(&group, joined, &mut deferring, &mut settling);
                 if renewed == Some(now) {
                     self.sweep(&group).await;
                 }
+            }
+            if echo.due().is_some_and(|due| crate::clock::now() >= due) {
+                warn!("the group watch shows none of this replica's renewals; starting it over");
+                events = watch();
+                listing = None;
+                echo.restarted(crate::clock::now(), echo_within);
             }
             let wake = group
                 .next_expiry(&self.member.group, self.member.timings.lease_duration)
                 .filter(|t| *t > crate::clock::now())
                 .into_iter()
                 .chain(replan_by)
+                .chain(echo.due())
                 .fold(renew_at, Instant::min);
             tokio::select! {
                 biased;
@@ -389,13 +415,19 @@ impl<C: ShardCaches> Membership<C> {
                 _ = warmed.changed() => {}
                 _ = replicas::changed(&mut pods) => {}
                 _ = futures::future::select_all(roles.iter_mut().map(|r| Box::pin(r.changed()))) => {}
-                event = events.next() => match event {
-                    Some(Event::Apply(lease)) => group.observe(&lease, crate::clock::now(), Timestamp::now()),
+                event = events.next() => {
+                    if let Some(Event::Apply(lease) | Event::InitApply(lease)) = &event
+                        && lease.name_any() == name
+                    {
+                        echo.seen(&lease.resource_version().unwrap_or_default(), crate::clock::now(), echo_within);
+                    }
+                    match event {
+                    Some(Event::Apply(lease)) => group.observe(&lease, crate::clock::now(), self.member.wall.now()),
                     Some(Event::Delete(lease)) => group.forget(&lease.name_any()),
                     Some(Event::Init) => listing = Some(Group::default()),
                     Some(Event::InitApply(lease)) => {
                         if let Some(fresh) = listing.as_mut() {
-                            fresh.observe(&lease, crate::clock::now(), Timestamp::now());
+                            fresh.observe(&lease, crate::clock::now(), self.member.wall.now());
                         }
                     }
                     Some(Event::InitDone) => {
@@ -410,7 +442,8 @@ impl<C: ShardCaches> Membership<C> {
                         listed = true;
                     }
                     None => break,
-                },
+                    }
+                }
             }
         }
         self.leave(&name, written).await;
@@ -418,12 +451,14 @@ impl<C: ShardCaches> Membership<C> {
 
     /// Recomputes the plan: caches what it says, tells the shard elections what they may do.
     /// While a takeover is pending (since `deferring`), new standby caches wait for it, for
-    /// at most a retry period; returns when that wait ends, if it is on.
+    /// at most a retry period; a hand-off waits until it has settled. Returns when the
+    /// next of those waits ends, if one is on.
     fn replan(
         &self,
         group: &Group,
         joined: bool,
         deferring: &mut Option<Instant>,
+        settling: &mut Settling,
     ) -> Option<Instant> {
         let me = joined.then_some(self.member.identity.as_str());
         let pods = self
@@ -449,8 +484,11 @@ impl<C: ShardCaches> Membership<C> {
             .map(|(i, _)| i)
             .collect();
         warm.insert(self.member.identity.clone(), self.caches.warm_shards());
-        let intent = assignment::intent(&plan, &self.member.identity, &warm, &held);
+        let mut intent = assignment::intent(&plan, &self.member.identity, &warm, &held);
         let now = crate::clock::now();
+        let settles_at;
+        (intent.hand_off, settles_at) =
+            settling.settled(&intent.hand_off, now, self.member.timings.retry_period);
         let until = if assignment::takeover_pending(&plan, &self.member.identity, &held) {
             Some(*deferring.get_or_insert(now) + self.member.timings.retry_period)
         } else {
@@ -482,7 +520,7 @@ impl<C: ShardCaches> Membership<C> {
             *current = intent;
             true
         });
-        until
+        until.into_iter().chain(settles_at).min()
     }
 
     /// Creates or renews the member Lease, naming the warm shards.
@@ -493,13 +531,17 @@ impl<C: ShardCaches> Membership<C> {
         warm: &BTreeSet<usize>,
     ) -> Result<Lease, String> {
         let timeout = self.member.timings.retry_period;
-        let now = MicroTime(Timestamp::now());
+        let now = MicroTime(self.member.wall.now());
         let current = match written {
             Some(lease) => Some(lease.clone()),
-            None => tokio::time::timeout(timeout, self.member.api.get_opt(name))
+            None => match tokio::time::timeout(timeout, self.member.leases.get(name))
                 .await
                 .map_err(|_| "reading the member Lease timed out".to_string())?
-                .map_err(|e| format!("reading the member Lease: {e}"))?,
+                .map_err(|e| format!("reading the member Lease: {e}"))?
+            {
+                Read::Found(lease) => Some(*lease),
+                Read::Absent { .. } => None,
+            },
         };
         let mut annotations = self
             .member
@@ -528,11 +570,10 @@ impl<C: ShardCaches> Membership<C> {
                 ..Default::default()
             }),
         };
-        let params = PostParams::default();
         let request = async {
             match current {
-                Some(_) => self.member.api.replace(name, &params, &lease).await,
-                None => self.member.api.create(&params, &lease).await,
+                Some(_) => self.member.leases.replace(&lease).await,
+                None => self.member.leases.create(&lease).await,
             }
         };
         tokio::time::timeout(timeout, request)
@@ -553,19 +594,15 @@ impl<C: ShardCaches> Membership<C> {
             for _ in 0..2 {
                 let lease = match current.take() {
                     Some(lease) => lease,
-                    None => match self.member.api.get_opt(name).await? {
-                        Some(lease) => lease,
-                        None => return Ok(()),
+                    None => match self.member.leases.get(name).await? {
+                        Read::Found(lease) => *lease,
+                        Read::Absent { .. } => return Ok(()),
                     },
                 };
-                match self
-                    .member
-                    .api
-                    .replace(name, &PostParams::default(), &tombstone(lease))
-                    .await
-                {
-                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                    Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+                let cleared = tombstone(lease, self.member.wall.now());
+                match self.member.leases.replace(&cleared).await {
+                    Err(StoreError::Conflict) => continue,
+                    Err(StoreError::NotFound) => return Ok(()),
                     other => return other.map(drop),
                 }
             }
@@ -584,16 +621,9 @@ impl<C: ShardCaches> Membership<C> {
     /// if unchanged since it was seen); a failure is left to the next sweep.
     async fn sweep(&self, group: &Group) {
         for (name, resource_version) in group.tombstones(&self.member.group, crate::clock::now()) {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    resource_version: Some(resource_version),
-                    uid: None,
-                }),
-                ..DeleteParams::default()
-            };
             match tokio::time::timeout(
                 self.member.timings.retry_period,
-                self.member.api.delete(&name, &params),
+                self.member.leases.delete(&name, &resource_version),
             )
             .await
             {
@@ -607,16 +637,99 @@ impl<C: ShardCaches> Membership<C> {
     }
 }
 
+/// The hand-offs the plan asks for, and since when (pure: fed the wanted set and the
+/// monotonic time).
+#[derive(Debug, Default)]
+struct Settling {
+    since: BTreeMap<usize, Instant>,
+}
+
+impl Settling {
+    /// Of the hand-offs `wanted` now, those wanted without a break for `settle`; and when
+    /// the next of the others will have been.
+    fn settled(
+        &mut self,
+        wanted: &BTreeSet<usize>,
+        now: Instant,
+        settle: Duration,
+    ) -> (BTreeSet<usize>, Option<Instant>) {
+        self.since.retain(|shard, _| wanted.contains(shard));
+        for shard in wanted {
+            self.since.entry(*shard).or_insert(now);
+        }
+        let ready = self
+            .since
+            .iter()
+            .filter(|(_, since)| now >= **since + settle)
+            .map(|(shard, _)| *shard)
+            .collect();
+        let next = self
+            .since
+            .values()
+            .map(|since| *since + settle)
+            .filter(|at| *at > now)
+            .min();
+        (ready, next)
+    }
+}
+
+/// How long the group watch may take to show a renewal of this replica's member Lease
+/// before it is taken for dead: two retry periods (two renewals), at least two seconds.
+fn echo_within(timings: Timings) -> Duration {
+    (timings.retry_period * 2).max(Duration::from_secs(2))
+}
+
+/// Whether the group watch shows this replica's own renewals (pure: fed the renewals, what
+/// the watch delivered of them, and the monotonic time).
+#[derive(Debug, Default)]
+struct Echo {
+    /// The resourceVersion of the last renewal the watch has not shown yet, and when the
+    /// watch is due to have shown some progress towards it.
+    awaited: Option<(String, Instant)>,
+}
+
+impl Echo {
+    /// A renewal wrote `resource_version` at `now`: the watch must show it within
+    /// `within` (counted from the oldest renewal it has not shown).
+    fn wrote(&mut self, resource_version: String, now: Instant, within: Duration) {
+        let due = self.awaited.as_ref().map_or(now + within, |(_, due)| *due);
+        self.awaited = Some((resource_version, due));
+    }
+
+    /// The watch delivered the member Lease at `resource_version`: the last renewal shown,
+    /// or an earlier one (the watch lags but lives: it gets `within` more).
+    fn seen(&mut self, resource_version: &str, now: Instant, within: Duration) {
+        match &mut self.awaited {
+            Some((awaited, _)) if awaited == resource_version => self.awaited = None,
+            Some((_, due)) => *due = now + within,
+            None => {}
+        }
+    }
+
+    /// When the watch is due to have shown the awaited renewal, if one is awaited.
+    fn due(&self) -> Option<Instant> {
+        self.awaited.as_ref().map(|(_, due)| *due)
+    }
+
+    /// The watch was started over at `now`: it gets `within` to list the last renewal.
+    fn restarted(&mut self, now: Instant, within: Duration) {
+        if let Some((_, due)) = &mut self.awaited {
+            *due = now + within;
+        }
+    }
+}
+
 /// How long a departed member's cleared Lease stays: longer than any of its writes can
 /// take to arrive (the API server's default request timeout is 60 s).
 pub const TOMBSTONE_AGE: Duration = Duration::from_secs(300);
 
-/// `lease` with its holder cleared: what a member that left leaves behind.
-fn tombstone(mut lease: Lease) -> Lease {
+/// `lease` with its holder cleared at wall time `now`: what a member that left leaves
+/// behind.
+fn tombstone(mut lease: Lease, now: Timestamp) -> Lease {
     let spec = lease.spec.get_or_insert_default();
     spec.holder_identity = Some(String::new());
     spec.lease_duration_seconds = Some(1);
-    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    spec.renew_time = Some(MicroTime(now));
     if let Some(annotations) = lease.metadata.annotations.as_mut() {
         annotations.remove(WARM_ANNOTATION);
     }
@@ -639,6 +752,54 @@ mod tests {
             ..Default::default()
         });
         lease
+    }
+
+    #[test]
+    fn a_hand_off_waits_until_the_plan_has_asked_for_it_a_retry_period() {
+        let t = Instant::now();
+        let settle = Duration::from_secs(2);
+        let mut settling = Settling::default();
+        let shards = |s: &[usize]| s.iter().copied().collect::<BTreeSet<usize>>();
+        assert_eq!(
+            settling.settled(&shards(&[0, 1]), t, settle),
+            (shards(&[]), Some(t + settle))
+        );
+        // The plan flips shard 0 back: its wait starts over when it is asked for again.
+        settling.settled(&shards(&[1]), t + Duration::from_secs(1), settle);
+        assert_eq!(
+            settling.settled(&shards(&[0, 1]), t + settle, settle),
+            (shards(&[1]), Some(t + Duration::from_secs(4)))
+        );
+        assert_eq!(
+            settling.settled(&shards(&[0, 1]), t + Duration::from_secs(4), settle),
+            (shards(&[0, 1]), None)
+        );
+    }
+
+    #[test]
+    fn a_watch_that_shows_no_renewal_is_due_to_start_over() {
+        let t = Instant::now();
+        let within = Duration::from_secs(4);
+        let mut echo = Echo::default();
+        assert_eq!(echo.due(), None, "nothing written, nothing awaited");
+        echo.wrote("5".into(), t, within);
+        echo.wrote("6".into(), t + Duration::from_secs(2), within);
+        assert_eq!(
+            echo.due(),
+            Some(t + within),
+            "due from the oldest unshown renewal"
+        );
+        echo.seen("5", t + Duration::from_secs(3), within);
+        assert_eq!(
+            echo.due(),
+            Some(t + Duration::from_secs(7)),
+            "a lagging watch lives"
+        );
+        echo.seen("6", t + Duration::from_secs(3), within);
+        assert_eq!(echo.due(), None, "the last renewal shown");
+        echo.wrote("7".into(), t + Duration::from_secs(4), within);
+        echo.restarted(t + Duration::from_secs(9), within);
+        assert_eq!(echo.due(), Some(t + Duration::from_secs(13)));
     }
 
     #[test]
@@ -796,7 +957,7 @@ mod tests {
         let mut group = Group::default();
         let mut live = lease("op-member-b", "b", "2026-01-01T00:00:00Z", "0");
         live.metadata.resource_version = Some("7".into());
-        let mut gone = tombstone(live.clone());
+        let mut gone = tombstone(live.clone(), Timestamp::now());
         gone.metadata.resource_version = Some("8".into());
         assert_eq!(
             gone.spec.as_ref().unwrap().holder_identity.as_deref(),

@@ -28,8 +28,6 @@ pub mod shard_key;
 use std::future::Future;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::Api;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -39,13 +37,13 @@ pub use membership::{Member, Membership, ShardCaches, group_labels, member_lease
 pub use shard_key::ShardKey;
 
 use crate::candidate::Candidate;
-use crate::election::{KubeLeases, Seat};
+use crate::election::{GroupStore, KubeLeases, Seat};
 use crate::fence::Fence;
 
 /// Everything a scale-out replica's group runs with.
-pub struct ShardGroup<C> {
+pub struct ShardGroup<C, S = KubeLeases> {
     /// Who this replica is in which group.
-    pub member: Member,
+    pub member: Member<S>,
     /// The shard caches the plan steers.
     pub caches: C,
     /// One fence per shard, in order; give each to the shard's fenced client.
@@ -54,7 +52,7 @@ pub struct ShardGroup<C> {
     pub grace: Duration,
 }
 
-impl<C: ShardCaches> ShardGroup<C> {
+impl<C: ShardCaches, S: GroupStore> ShardGroup<C, S> {
     /// Runs the group's part of this replica until `stop` resolves; then leaves the group
     /// and releases every shard (see the module doc). `term(shard, cancel)` runs shard
     /// `shard`'s term while this replica leads it, as [`crate::Campaign::run`] does.
@@ -71,7 +69,7 @@ impl<C: ShardCaches> ShardGroup<C> {
         let mut terms = Vec::new();
         for (shard, fence) in self.fences.iter().enumerate() {
             let lease = shard_lease(&m.group, shard);
-            let campaign = Candidate::new(&m.identity, lease, namespace_of(&m.api), m.timings)
+            let campaign = Candidate::new(&m.identity, lease, m.leases.namespace(), m.timings)
                 .in_pod(m.pod.clone())
                 .replicas(m.replicas.clone())
                 .labelled(group_labels(&m.group))
@@ -80,7 +78,8 @@ impl<C: ShardCaches> ShardGroup<C> {
                     intent: intent_rx.clone(),
                 })
                 .observer(m.observer.clone())
-                .spawn(KubeLeases::new(m.api.clone()), fence.clone());
+                .wall_clock(m.wall.clone())
+                .spawn(m.leases.clone(), fence.clone());
             leaderships.push(campaign.leadership().clone());
             let (stopping, term) = (stopping.clone(), term.clone());
             terms.push(tokio::spawn(campaign.run(
@@ -112,9 +111,4 @@ impl<C: ShardCaches> ShardGroup<C> {
             }
         }
     }
-}
-
-/// The namespace `api` reaches ("" for a cluster-wide API, which a Lease never has).
-fn namespace_of(api: &Api<Lease>) -> String {
-    api.namespace().unwrap_or_default().to_string()
 }

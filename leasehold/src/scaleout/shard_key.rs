@@ -91,6 +91,13 @@ impl ShardKey {
         self.shard_of_bucket(bucket_of(uid))
     }
 
+    /// Whether the MyResource with this uid (and its ConfigMap) belongs to shard `index`:
+    /// what a shard's store keeps and its worker may write (the routing the operator and
+    /// the simulator share).
+    pub fn owns(&self, index: usize, uid: &str) -> bool {
+        crate::bugs::on(crate::bugs::Bug::AnyShardStore) || self.shard_of_uid(uid) == index
+    }
+
     /// The `shardSelector` of shard `index` for MyResources, in the server's notation
     /// (bounds as `0x` and 16 hex digits, the end of the space as `0x10000000000000000`).
     pub fn selector(&self, index: usize) -> String {
