@@ -86,7 +86,8 @@
 //! - [`fence`]: the [`Fence`] and the fenced `kube::Client`;
 //! - [`Candidate`] / [`Campaign`]: an election with its term lifecycle ([`term`]);
 //! - [`replicas`]: this Pod, the replicas' Pods, the crash proof, successor hand-off;
-//! - [`scaleout`]: shard keys and selectors, the plan, membership, a shard group;
+//! - [`scaleout`]: shard keys and selectors, the plan, membership, a shard group (behind
+//!   an [`election::GroupStore`], [`KubeLeases`] for a real cluster);
 //! - [`observe`]: the metrics hook, with controller-runtime's names;
 //! - [`retry`]: watch retries that restart when the API server answers again;
 //! - [`warm`]: warm reflector stores that a kube-runtime `Controller` starts each term on.

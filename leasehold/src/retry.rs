@@ -57,7 +57,7 @@ const SOONEST_RETRY: Duration = Duration::from_millis(800);
 
 /// A watcher's events with its failures retried: after a failure it waits kube's
 /// exponential backoff or until the API server answers again (`returns` moves), whichever
-/// comes first, but at least [`SOONEST_RETRY`]; a return also starts the backoff over.
+/// comes first, but at least 0.8 s (kube's first step); a return also starts the backoff over.
 /// Failures are logged at a bounded rate.
 pub fn retried<K, S>(
     events: S,

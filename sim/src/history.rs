@@ -56,6 +56,9 @@ pub enum Fault {
     Relabeler { lasting: Duration, every: Duration },
     /// A foreign writer names a replica as holder, with fresh times.
     NameHolder { replica: usize },
+    /// A foreign writer names a replica as the successor of the record (what a releasing
+    /// leader writes), whether it is released or not.
+    ForgeSuccessor { replica: usize },
     /// The replica's node steps its wall clock.
     StepWall {
         replica: usize,
@@ -93,6 +96,7 @@ impl Fault {
                 | Fault::Relabel
                 | Fault::Relabeler { .. }
                 | Fault::NameHolder { .. }
+                | Fault::ForgeSuccessor { .. }
         )
     }
 
@@ -239,6 +243,16 @@ impl History {
                 fault: Fault::ThrottleLeases {
                     replica: rng.below(n as u64) as usize,
                     lasting: rng.between_ms(Duration::from_secs(5), Duration::from_secs(40)),
+                },
+            });
+        }
+        // A forged successor, in a fifth of the histories.
+        if rng.chance(0.2) {
+            faults.push(Scheduled {
+                number: 0,
+                at: rng.between_ms(FIRST_FAULT, FAULT_WINDOW),
+                fault: Fault::ForgeSuccessor {
+                    replica: rng.below(n as u64) as usize,
                 },
             });
         }
@@ -449,6 +463,9 @@ impl fmt::Display for Fault {
                 d(lasting)
             ),
             Fault::NameHolder { replica } => write!(f, "foreign writer names r{replica} holder"),
+            Fault::ForgeSuccessor { replica } => {
+                write!(f, "foreign writer names r{replica} successor")
+            }
             Fault::StepWall { replica, by, back } => write!(
                 f,
                 "r{replica}'s node steps its wall clock {} by {}",

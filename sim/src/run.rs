@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube_leasehold::replicas::succession::SUCCESSOR;
 
 use crate::check::{self, Facts, ProcessFacts, Violation};
 use crate::history::{Fault, History, Scheduled};
@@ -214,6 +215,16 @@ async fn inject(world: World, scheduled: Scheduled) {
                 spec.acquire_time = Some(wall.clone());
                 spec.renew_time = Some(wall);
                 spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            });
+        }
+        Fault::ForgeSuccessor { replica } => {
+            let pod = crate::pods::pod_name(replica);
+            foreign_edit(&world, &target, |lease| {
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(SUCCESSOR.into(), pod);
             });
         }
         Fault::StepWall { replica, by, back } => {

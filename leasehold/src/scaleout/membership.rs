@@ -23,10 +23,10 @@
 //!   takeover is pending, so that its LIST does not slow the takeover down;
 //! - the plan only steers: each shard's safety is its own Lease and fence;
 //! - a holder hands a shard off only once the plan has asked for it for a retry period
-//!   ([`Settling`]): while views differ (after an outage, a join) the plan may flip, and a
+//!   (`Settling`): while views differ (after an outage, a join) the plan may flip, and a
 //!   holder releasing at once would pass its shards back and forth;
 //! - the group watch must show this replica's own renewals: one that shows none of them
-//!   for [`echo_within`] is taken for dead (a connection a hanging outage left open, which
+//!   for two retry periods is taken for dead (a connection a hanging outage left open, which
 //!   kube's client, with no read timeout, would hold until it broke) and started over.
 
 use std::collections::{BTreeMap, BTreeSet};
