@@ -8,7 +8,6 @@ use kube_leasehold::Timings;
 use kube_leasehold::scaleout::{member_lease, shard_lease};
 
 use crate::rng::Rng;
-use crate::world::LEASE;
 
 /// One replica slot: a Pod whose process may be killed and restarted (same identity, new
 /// incarnation), as a container restarts in the same Pod.
@@ -165,6 +164,10 @@ pub struct History {
     /// Lease).
     pub shards: usize,
 }
+
+/// The Lease every replica stands for (with shard Leases: the group's name, which their
+/// names start with).
+pub const LEASE: &str = "sim-leader";
 
 /// The first fault starts after the replicas settled.
 const FIRST_FAULT: Duration = Duration::from_secs(5);

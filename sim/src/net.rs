@@ -333,7 +333,7 @@ fn describe(req: &Req, resp: &Resp) -> String {
         _ => String::new(),
     };
     // The one Lease goes unnamed, as before shard Leases were simulated.
-    if lease.is_empty() || lease == crate::world::LEASE {
+    if lease.is_empty() || lease == crate::history::LEASE {
         text
     } else {
         format!("{lease}: {text}")

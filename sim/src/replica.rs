@@ -21,9 +21,10 @@ use tokio_util::sync::CancellationToken;
 use tower::{Layer, ServiceExt};
 
 use crate::caches::Caches;
+use crate::history::LEASE;
 use crate::net::Link;
 use crate::pods;
-use crate::world::{LEASE, NAMESPACE, NodeWall, Process, Traced, World};
+use crate::world::{NAMESPACE, NodeWall, Process, Traced, World};
 
 /// How long a graceful shutdown waits for the term's workers.
 const GRACE: Duration = Duration::from_secs(5);

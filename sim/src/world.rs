@@ -24,9 +24,6 @@ use crate::history::History;
 use crate::rng::Rng;
 use crate::server::Server;
 
-/// The Lease every replica stands for (with shard Leases: the group's name, which their
-/// names start with).
-pub const LEASE: &str = "sim-leader";
 /// Its namespace.
 pub const NAMESPACE: &str = "sim";
 /// True wall time at the start of every history (2027-01-15).
