@@ -16,10 +16,11 @@ use myresource_operator::control::events::Publisher;
 use myresource_operator::control::partition::Shards;
 use myresource_operator::control::queue::Backoff;
 use myresource_operator::control::reconcile::Context;
+use myresource_operator::infra::access::Authoriser;
 use myresource_operator::infra::cli::{Cli, Command, RunArgs};
 use myresource_operator::infra::endpoints::{self, Health};
 use myresource_operator::infra::metrics::{Metrics, State};
-use myresource_operator::infra::{kubeclient, telemetry};
+use myresource_operator::infra::{kubeclient, telemetry, tls};
 use myresource_operator::resource;
 use myresource_operator::scaleout::{self, ScaleOut};
 use tokio::signal::unix::{SignalKind, signal};
@@ -124,7 +125,27 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
         }
     });
     let scrape = Arc::new(endpoints::Metrics(metrics.clone()));
-    endpoints::serve(args.metrics_addr, "metrics", scrape).await?;
+    let secure = args
+        .metrics_secure
+        .then(|| -> Result<endpoints::Secure> {
+            // A self-signed certificate is trusted by no one anyway (scrapers skip its
+            // verification, as with controller-runtime's): it names only localhost.
+            let names = vec!["localhost".to_string()];
+            let tls = tls::server_config(args.metrics_cert_dir.as_deref(), names)?;
+            Ok(endpoints::Secure {
+                tls: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+                access: Arc::new(Authoriser::new(clients.reviews.clone(), "/metrics")),
+            })
+        })
+        .transpose()?;
+    endpoints::serve_with(
+        args.metrics_addr,
+        "metrics",
+        scrape,
+        secure,
+        endpoints::Limits::default(),
+    )
+    .await?;
     let ready = caches.clone();
     endpoints::serve(
         args.health_addr,

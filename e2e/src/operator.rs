@@ -238,18 +238,66 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
 /// [`http_get`] with an Accept header.
 pub async fn http_get_accept(addr: SocketAddr, path: &str, accept: &str) -> Result<(u16, String)> {
     let request = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream
-            .write_all(
-                format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        anyhow::Ok(response)
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        exchange(stream, &get_request(addr, path, accept, None)).await
     };
-    let response = tokio::time::timeout(Duration::from_secs(5), request).await??;
+    parse_response(&tokio::time::timeout(Duration::from_secs(5), request).await??)
+}
+
+/// A GET over HTTPS of `path` on `addr`, verifying the server's certificate against
+/// `trusted` (PEM) for the name `localhost`, with `Authorization: Bearer <token>` if given.
+pub async fn https_get(
+    addr: SocketAddr,
+    path: &str,
+    trusted: &str,
+    token: Option<&str>,
+) -> Result<(u16, String)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let request = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let stream = connector
+            .connect(ServerName::try_from("localhost")?, stream)
+            .await?;
+        exchange(stream, &get_request(addr, path, "*/*", token)).await
+    };
+    parse_response(&tokio::time::timeout(Duration::from_secs(10), request).await??)
+}
+
+fn get_request(addr: SocketAddr, path: &str, accept: &str, token: Option<&str>) -> String {
+    let authorization = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n{authorization}\r\n")
+}
+
+/// Sends `request` and reads the answer until the server closes the connection.
+async fn exchange<S>(mut stream: S, request: &str) -> Result<String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    // A TLS server may close without a close_notify once it answered HTTP/1.0.
+    if let Err(err) = stream.read_to_end(&mut response).await
+        && (response.is_empty() || err.kind() != std::io::ErrorKind::UnexpectedEof)
+    {
+        return Err(err.into());
+    }
+    Ok(String::from_utf8_lossy(&response).into_owned())
+}
+
+/// The status and body of an HTTP/1 response.
+fn parse_response(response: &str) -> Result<(u16, String)> {
     let code = response
         .split_whitespace()
         .nth(1)

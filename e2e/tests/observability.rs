@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use e2e::harness::{self, TestEnv};
 use e2e::operator::{Operator, http_get};
 use e2e::proxy::Proxy;
@@ -334,5 +334,180 @@ async fn readyz_waits_for_the_caches_on_followers_too() -> Result<()> {
         Some(0.0),
         "the follower must not lead"
     );
+    Ok(())
+}
+
+/// A ServiceAccount `name` in `namespace` and a token for it (TokenRequest).
+async fn service_account_token(env: &TestEnv, name: &str) -> Result<String> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mut account = ServiceAccount::default();
+    account.metadata.name = Some(name.into());
+    accounts.create(&PostParams::default(), &account).await?;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let issued = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?;
+    Ok(issued
+        .status
+        .context("a TokenRequest answer without status")?
+        .token)
+}
+
+/// How many token and access reviews the replica `op` asked the API server for.
+fn reviews_by(env: &TestEnv, op: &Operator) -> Result<usize> {
+    let agent = op.user_agent();
+    Ok(env
+        .audit_log()?
+        .events
+        .iter()
+        .filter(|e| e.user_agent == agent && e.verb == "create")
+        .filter(|e| {
+            e.request_uri.contains("/tokenreviews")
+                || e.request_uri.contains("/subjectaccessreviews")
+        })
+        .count())
+}
+
+#[tokio::test]
+async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()> {
+    use k8s_openapi::api::authorization::v1::{
+        NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
+    };
+    let env = harness::setup("metrics-tls").await?;
+    // The mounted-certificate path, with a certificate this test trusts.
+    let certs = env.log_dir().join(format!("{}-tls", env.namespace));
+    std::fs::create_dir_all(&certs)?;
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    std::fs::write(certs.join("tls.crt"), made.cert.pem())?;
+    std::fs::write(certs.join("tls.key"), made.signing_key.serialize_pem())?;
+    let trusted = made.cert.pem();
+    let op = env
+        .start_operator(
+            "secure",
+            &[
+                "--metrics-secure",
+                &format!("--metrics-cert-dir={}", certs.display()),
+            ],
+        )
+        .await?;
+
+    // Prometheus' ServiceAccount may get /metrics (the chart's metrics-reader role); another
+    // may not.
+    let reader = format!("{}-metrics-reader", env.namespace);
+    let roles: Api<ClusterRole> = Api::all(env.client.clone());
+    let mut role = ClusterRole::default();
+    role.metadata.name = Some(reader.clone());
+    role.rules = Some(vec![PolicyRule {
+        non_resource_urls: Some(vec!["/metrics".into()]),
+        verbs: vec!["get".into()],
+        ..Default::default()
+    }]);
+    roles.create(&PostParams::default(), &role).await?;
+    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(reader.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: reader.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "prometheus".into(),
+            namespace: Some(env.namespace.clone()),
+            ..Default::default()
+        }]),
+    };
+    bindings.create(&PostParams::default(), &binding).await?;
+    let prometheus = service_account_token(&env, "prometheus").await?;
+    let stranger = service_account_token(&env, "stranger").await?;
+    // The binding is in force once the API server's own review says so (a 403 would be
+    // cached by the replica for a while).
+    let user = format!("system:serviceaccount:{}:prometheus", env.namespace);
+    let reviews: Api<SubjectAccessReview> = Api::all(env.client.clone());
+    poll(
+        "the binding to be in force",
+        Duration::from_secs(30),
+        || async {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.clone()),
+                    non_resource_attributes: Some(NonResourceAttributes {
+                        path: Some("/metrics".into()),
+                        verb: Some("get".into()),
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let decided = reviews.create(&PostParams::default(), &review).await?;
+            Ok(decided.status.is_some_and(|s| s.allowed).then_some(()))
+        },
+    )
+    .await?;
+
+    let get = |token: Option<String>| {
+        let trusted = trusted.clone();
+        async move { e2e::operator::https_get(op.metrics, "/metrics", &trusted, token.as_deref()).await }
+    };
+    let (code, _) = get(None).await?;
+    anyhow::ensure!(code == 401, "no token: {code}, not 401");
+    let (code, _) = get(Some("not-a-token".into())).await?;
+    anyhow::ensure!(
+        code == 401,
+        "a token the cluster does not know: {code}, not 401"
+    );
+    let (code, _) = get(Some(stranger.clone())).await?;
+    anyhow::ensure!(code == 403, "a user without the role: {code}, not 403");
+    let before = reviews_by(&env, &op)?;
+    let scrapes = 5;
+    for _ in 0..scrapes {
+        let (code, body) = get(Some(prometheus.clone())).await?;
+        anyhow::ensure!(code == 200, "Prometheus' token: {code}, not 200");
+        anyhow::ensure!(
+            body.contains("leader_election_master_status"),
+            "a scrape without the metrics"
+        );
+    }
+    // One token review and one access review for the first scrape; the others are cached.
+    let reviewed = poll(
+        "the reviews in the audit log",
+        Duration::from_secs(10),
+        || async {
+            let n = reviews_by(&env, &op)? - before;
+            Ok((n >= 2).then_some(n))
+        },
+    )
+    .await?;
+    anyhow::ensure!(
+        reviewed == 2,
+        "{scrapes} scrapes with one token cost {reviewed} reviews, not 2"
+    );
+    eprintln!("{scrapes} authorised scrapes cost the API server {reviewed} requests");
+    // Plain HTTP is not served on the metrics port; health stays plain and open.
+    let plain = http_get(op.metrics, "/metrics").await;
+    anyhow::ensure!(
+        plain.as_ref().map_or(true, |(code, _)| *code != 200),
+        "plain HTTP scraped the metrics: {plain:?}"
+    );
+    let (code, body) = http_get(op.health, "/healthz").await?;
+    anyhow::ensure!(code == 200 && body == "ok", "/healthz: {code} {body}");
+    roles.delete(&reader, &Default::default()).await?;
+    bindings.delete(&reader, &Default::default()).await?;
     Ok(())
 }

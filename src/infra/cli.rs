@@ -63,6 +63,20 @@ pub struct RunArgs {
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
 
+    /// Serve /metrics over TLS, to scrapers whose bearer token the API server
+    /// authenticates and whose user may `get` the non-resource URL /metrics (a
+    /// TokenReview and a SubjectAccessReview, cached briefly). Needs `create` on
+    /// tokenreviews and subjectaccessreviews. Off: plain HTTP to anyone, for local use.
+    #[arg(long, env = "METRICS_SECURE", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+
+    /// With --metrics-secure: the folder holding `tls.crt` and `tls.key` (a mounted
+    /// Secret, e.g. cert-manager's; reloaded when they change). Default: a self-signed
+    /// certificate made at start.
+    #[arg(long, env = "METRICS_CERT_DIR", requires = "metrics_secure")]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
+
     /// Where /healthz and /readyz are served.
     #[arg(long, env = "HEALTH_ADDR", default_value = "0.0.0.0:8081")]
     pub health_addr: SocketAddr,

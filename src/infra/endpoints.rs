@@ -1,6 +1,8 @@
 //! HTTP endpoints: `/healthz` (the runtime answers), `/readyz` (caches synced; never "is
 //! leader", so followers are ready too), and `/metrics` (Prometheus text, or OpenMetrics
-//! when the scraper asks for it).
+//! when the scraper asks for it), over TLS and for authorised scrapers only when
+//! [`Secure`] (the health endpoints stay plain and open: they say ok or not ok, nothing
+//! more).
 //!
 //! The servers are bounded: a failed `accept` (out of file descriptors, say) pauses the
 //! accept loop with a doubling backoff instead of retrying at once, and is logged at a
@@ -20,9 +22,22 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
+
+use crate::infra::access::{Authoriser, Verdict};
+
+/// A secured endpoint: TLS, and the cluster's review of every request ([`Authoriser`]).
+#[derive(Clone)]
+pub struct Secure {
+    /// The TLS handshake.
+    pub tls: TlsAcceptor,
+    /// Who may read.
+    pub access: Arc<Authoriser>,
+}
 
 /// Answers one request: its path and its Accept header.
 pub trait Handler: Send + Sync + 'static {
@@ -59,22 +74,28 @@ pub async fn serve(
     name: &'static str,
     handler: Arc<dyn Handler>,
 ) -> Result<SocketAddr> {
-    serve_with(addr, name, handler, Limits::default()).await
+    serve_with(addr, name, handler, None, Limits::default()).await
 }
 
-/// [`serve`] with explicit limits.
+/// [`serve`] with explicit limits, secured by `secure` if given.
 pub async fn serve_with(
     addr: SocketAddr,
     name: &'static str,
     handler: Arc<dyn Handler>,
+    secure: Option<Secure>,
     limits: Limits,
 ) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the {name} address {addr}"))?;
     let bound = listener.local_addr()?;
-    info!(%bound, "{name} endpoint listening");
-    tokio::spawn(accept_loop(listener, name, handler, limits));
+    let secured = if secure.is_some() {
+        "https, authorised scrapers only"
+    } else {
+        "http"
+    };
+    info!(%bound, "{name} endpoint listening ({secured})");
+    tokio::spawn(accept_loop(listener, name, handler, secure, limits));
     Ok(bound)
 }
 
@@ -82,6 +103,7 @@ async fn accept_loop(
     listener: TcpListener,
     name: &'static str,
     handler: Arc<dyn Handler>,
+    secure: Option<Secure>,
     limits: Limits,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -117,27 +139,81 @@ async fn accept_loop(
             continue;
         };
         let handler = handler.clone();
+        let secure = secure.clone();
         tokio::spawn(async move {
-            serve_connection(stream, handler, limits).await;
+            match secure {
+                None => serve_connection(stream, handler, None, limits).await,
+                Some(Secure { tls, access }) => {
+                    // The handshake must finish as soon as a request's headers must.
+                    match tokio::time::timeout(limits.header_read, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, handler, Some(access), limits).await
+                        }
+                        Ok(Err(err)) => {
+                            debug!(error = %err, "{name} endpoint: TLS handshake failed")
+                        }
+                        Err(_) => debug!("{name} endpoint: TLS handshake timed out"),
+                    }
+                }
+            }
             drop(slot);
         });
     }
 }
 
-async fn serve_connection(stream: TcpStream, handler: Arc<dyn Handler>, limits: Limits) {
+/// A response with a status, a content type and a body.
+fn response(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut builder = Response::builder()
+        .status(status)
+        .header("content-type", content_type);
+    if status == StatusCode::UNAUTHORIZED {
+        builder = builder.header(hyper::header::WWW_AUTHENTICATE, "Bearer");
+    }
+    builder
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
+/// What a refused request is told.
+fn refusal(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Allowed => "",
+        Verdict::Unauthenticated => "unauthorized: send a bearer token the cluster authenticates",
+        Verdict::Forbidden => "forbidden: the token's user may not get this path",
+        Verdict::Unavailable => "the API server could not review the token; try again",
+    }
+}
+
+async fn serve_connection<S>(
+    stream: S,
+    handler: Arc<dyn Handler>,
+    access: Option<Arc<Authoriser>>,
+    limits: Limits,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req: Request<Incoming>| {
-        let accept = req
-            .headers()
-            .get(hyper::header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        let (status, content_type, body) = handler.handle(req.uri().path(), accept);
-        let response = Response::builder()
-            .status(status)
-            .header("content-type", content_type)
-            .body(Full::new(Bytes::from(body)))
-            .expect("static response parts are valid");
-        async move { Ok::<_, Infallible>(response) }
+        let header = |name| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let accept = header(hyper::header::ACCEPT).unwrap_or_default();
+        let authorization = header(hyper::header::AUTHORIZATION);
+        let path = req.uri().path().to_string();
+        let (handler, access) = (handler.clone(), access.clone());
+        async move {
+            if let Some(access) = access {
+                let verdict = access.verdict(authorization.as_deref()).await;
+                if verdict != Verdict::Allowed {
+                    let body = refusal(verdict).to_string();
+                    return Ok::<_, Infallible>(response(verdict.status(), "text/plain", body));
+                }
+            }
+            let (status, content_type, body) = handler.handle(&path, &accept);
+            Ok(response(status, content_type, body))
+        }
     });
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -232,6 +308,7 @@ mod tests {
     use super::*;
     use std::time::Instant;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     #[test]
     fn accept_failures_pause_with_a_doubling_backoff_and_log_at_a_bounded_rate() {
@@ -270,6 +347,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             "test",
             Arc::new(Ok200),
+            None,
             limits,
         )
         .await

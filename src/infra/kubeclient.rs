@@ -43,6 +43,9 @@ pub struct Clients {
     pub reconcile: Client,
     /// The Lease only; never fenced (it is what opens the fence).
     pub election: Client,
+    /// Token and access reviews of metrics scrapes; never fenced (followers serve metrics
+    /// too), and it writes nothing that is stored.
+    pub reviews: Client,
     pub reachability: Reachability,
     config: kube::Config,
     layer: ApiRequestLayer,
@@ -69,9 +72,13 @@ pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) ->
         .with_layer(&layer)
         .build();
     let reconcile = fenced_client(&config, fence, &layer)?;
+    let reviews = kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&layer)
+        .build();
     Ok(Clients {
         reconcile,
         election,
+        reviews,
         reachability,
         config,
         layer,
