@@ -33,6 +33,18 @@ impl Drop for ProcessGuard {
 impl Prometheus {
     /// Prometheus scraping `replicas` every second and evaluating the rule file `rules`.
     pub async fn start(env: &TestEnv, replicas: &[Operator], rules: &str) -> Result<Prometheus> {
+        Prometheus::start_with(env, replicas, rules, None).await
+    }
+
+    /// [`Prometheus::start`]; with `token`, over HTTPS (the certificate unchecked, as the
+    /// chart's ServiceMonitor does for a self-signed one) with that bearer token, as
+    /// Prometheus shows its ServiceAccount's.
+    pub async fn start_with(
+        env: &TestEnv,
+        replicas: &[Operator],
+        rules: &str,
+        token: Option<&str>,
+    ) -> Result<Prometheus> {
         let (server, promtool) = crate::binaries::prometheus()?;
         let dir = std::env::temp_dir().join(format!("myresource-e2e-prometheus-{}", env.namespace));
         std::fs::create_dir_all(&dir)?;
@@ -42,10 +54,18 @@ impl Prometheus {
             .iter()
             .map(|r| json!({"targets": [r.metrics.to_string()], "labels": {"namespace": env.namespace, "pod": r.config.identity}}))
             .collect();
+        let mut job = json!({"job_name": "myresource-operator", "static_configs": targets});
+        if let Some(token) = token {
+            let token_file = dir.join("token");
+            std::fs::write(&token_file, token)?;
+            job["scheme"] = json!("https");
+            job["tls_config"] = json!({"insecure_skip_verify": true});
+            job["authorization"] = json!({"type": "Bearer", "credentials_file": token_file});
+        }
         let config = json!({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules_file],
-            "scrape_configs": [{"job_name": "myresource-operator", "static_configs": targets}]
+            "scrape_configs": [job]
         });
         std::fs::write(
             dir.join("prometheus.yml"),

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use e2e::harness::{self, TestEnv};
 use e2e::operator::{Operator, http_get};
 use e2e::proxy::Proxy;
@@ -337,31 +337,6 @@ async fn readyz_waits_for_the_caches_on_followers_too() -> Result<()> {
     Ok(())
 }
 
-/// A ServiceAccount `name` in `namespace` and a token for it (TokenRequest).
-async fn service_account_token(env: &TestEnv, name: &str) -> Result<String> {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.namespace);
-    let mut account = ServiceAccount::default();
-    account.metadata.name = Some(name.into());
-    accounts.create(&PostParams::default(), &account).await?;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let issued = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?;
-    Ok(issued
-        .status
-        .context("a TokenRequest answer without status")?
-        .token)
-}
-
 /// How many token and access reviews the replica `op` asked the API server for.
 fn reviews_by(env: &TestEnv, op: &Operator) -> Result<usize> {
     let agent = op.user_agent();
@@ -379,12 +354,7 @@ fn reviews_by(env: &TestEnv, op: &Operator) -> Result<usize> {
 
 #[tokio::test]
 async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()> {
-    use k8s_openapi::api::authorization::v1::{
-        NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-    };
-    use k8s_openapi::api::rbac::v1::{
-        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
-    };
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
     let env = harness::setup("metrics-tls").await?;
     // The mounted-certificate path, with a certificate this test trusts.
     let certs = env.log_dir().join(format!("{}-tls", env.namespace));
@@ -403,8 +373,8 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
         )
         .await?;
 
-    // Prometheus' ServiceAccount may get /metrics (the chart's metrics-reader role); another
-    // may not.
+    // Prometheus' ServiceAccount may get /metrics (as the chart's metrics-reader role
+    // grants); another may not.
     let reader = format!("{}-metrics-reader", env.namespace);
     let roles: Api<ClusterRole> = Api::all(env.client.clone());
     let mut role = ClusterRole::default();
@@ -415,51 +385,11 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
         ..Default::default()
     }]);
     roles.create(&PostParams::default(), &role).await?;
-    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
-    let binding = ClusterRoleBinding {
-        metadata: kube::api::ObjectMeta {
-            name: Some(reader.clone()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: reader.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "prometheus".into(),
-            namespace: Some(env.namespace.clone()),
-            ..Default::default()
-        }]),
-    };
-    bindings.create(&PostParams::default(), &binding).await?;
-    let prometheus = service_account_token(&env, "prometheus").await?;
-    let stranger = service_account_token(&env, "stranger").await?;
-    // The binding is in force once the API server's own review says so (a 403 would be
-    // cached by the replica for a while).
-    let user = format!("system:serviceaccount:{}:prometheus", env.namespace);
-    let reviews: Api<SubjectAccessReview> = Api::all(env.client.clone());
-    poll(
-        "the binding to be in force",
-        Duration::from_secs(30),
-        || async {
-            let review = SubjectAccessReview {
-                spec: SubjectAccessReviewSpec {
-                    user: Some(user.clone()),
-                    non_resource_attributes: Some(NonResourceAttributes {
-                        path: Some("/metrics".into()),
-                        verb: Some("get".into()),
-                    }),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let decided = reviews.create(&PostParams::default(), &review).await?;
-            Ok(decided.status.is_some_and(|s| s.allowed).then_some(()))
-        },
-    )
-    .await?;
+    let prometheus = env.service_account_token("prometheus").await?;
+    let stranger = env.service_account_token("stranger").await?;
+    // In force before the first scrape (a 403 would be cached by the replica a while).
+    env.bind_cluster_role(&reader, "prometheus", "/metrics")
+        .await?;
 
     let get = |token: Option<String>| {
         let trusted = trusted.clone();
@@ -508,6 +438,8 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
     let (code, body) = http_get(op.health, "/healthz").await?;
     anyhow::ensure!(code == 200 && body == "ok", "/healthz: {code} {body}");
     roles.delete(&reader, &Default::default()).await?;
-    bindings.delete(&reader, &Default::default()).await?;
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .delete(&format!("{}-{reader}", env.namespace), &Default::default())
+        .await?;
     Ok(())
 }

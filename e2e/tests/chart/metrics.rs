@@ -1,5 +1,5 @@
-//! Three replicas with exactly the chart's RBAC, scraped by a real Prometheus that
-//! evaluates every dashboard query and loads the rendered alert rules.
+//! Three replicas with exactly the chart's RBAC and secure metrics, scraped over HTTPS with
+//! a token by a real Prometheus that evaluates every dashboard query and the alert rules.
 
 use e2e::prometheus::Prometheus;
 
@@ -150,10 +150,22 @@ pub(super) async fn assert_leader_alert_inactive(
 async fn replicas_with_the_charts_rbac_are_scraped_by_prometheus() -> Result<()> {
     let env = harness::setup("chart-rbac").await?;
     let ns = env.namespace.clone();
-    let kubeconfig = install_without_replicas(&env, "rbac", &[])?;
+    // Secure metrics: the replicas review each scrape with the chart's rights, and
+    // Prometheus scrapes over HTTPS with a token the chart's metrics-reader role admits.
+    let kubeconfig = install_without_replicas(&env, "rbac", &["--set", "metrics.secure=true"])?;
+    let token = env.service_account_token("prometheus").await?;
+    env.bind_cluster_role(
+        "rbac-myresource-operator-metrics-reader",
+        "prometheus",
+        "/metrics",
+    )
+    .await?;
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
-        let mut config = env.operator_config(name, &["--lease-name=myresource-operator"]);
+        let mut config = env.operator_config(
+            name,
+            &["--lease-name=myresource-operator", "--metrics-secure"],
+        );
         config.kubeconfig = kubeconfig.clone();
         replicas.push(Operator::start(config)?);
     }
@@ -207,7 +219,7 @@ async fn replicas_with_the_charts_rbac_are_scraped_by_prometheus() -> Result<()>
 
     // A real Prometheus scrapes the three replicas and runs the chart's rules.
     let rules = rendered_rules(&[])?;
-    let prometheus = Prometheus::start(&env, &replicas, &rules).await?;
+    let prometheus = Prometheus::start_with(&env, &replicas, &rules, Some(&token)).await?;
     for i in 0..5 {
         mrs.patch(
             &format!("r{i}"),

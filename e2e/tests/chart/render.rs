@@ -27,6 +27,12 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
             "metrics.prometheusRule.enabled=true",
             "--set",
             "grafanaDashboard.enabled=true",
+            "--set",
+            "metrics.secure=true",
+            "--set",
+            "metrics.certSecret=operator-metrics-tls",
+            "--set",
+            "networkPolicy.enabled=true",
         ],
         &[
             "--set",
@@ -60,6 +66,26 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
             None,
         )?;
         let scale_out = values.contains(&"sharding.leases=4");
+        // Secure metrics: the reviews' rights, the reader role, HTTPS in the ServiceMonitor,
+        // the mounted certificate; and the NetworkPolicy, only when asked for.
+        let secure = values.contains(&"metrics.secure=true");
+        for (present, text) in [
+            (
+                secure,
+                "name: METRICS_SECURE\n              value: \"true\"",
+            ),
+            (secure, "resources: [\"tokenreviews\"]"),
+            (secure, "nonResourceURLs: [\"/metrics\"]"),
+            (secure, "scheme: https"),
+            (secure, "secretName: operator-metrics-tls"),
+            (secure, "kind: NetworkPolicy"),
+        ] {
+            assert_eq!(
+                rendered.contains(text),
+                present,
+                "value set {i} {values:?}: {text}"
+            );
+        }
         for (present, text) in [
             (scale_out, "name: SHARD_LEASES\n              value: \"4\""),
             (
@@ -89,8 +115,9 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
         )
         .with_context(|| format!("value set {i} {values:?}"))?;
     }
-    let refusals: [(&[&str], &str); 11] = [
+    let refusals: [(&[&str], &str); 12] = [
         (&["--set", "replicaCount=-1"], "replicaCount"),
+        (&["--set", "metrics.secure=maybe"], "secure"),
         (&["--set", "watchNamespaces={Not_OK}"], "watchNamespaces"),
         (&["--set", "watchNamespaces={a,a}"], "watchNamespaces"),
         (
