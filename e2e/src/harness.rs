@@ -49,84 +49,17 @@ pub struct TestEnv {
 
 impl TestEnv {
     /// Creates the ServiceAccount `name` in this test's namespace and returns a token for
-    /// it (TokenRequest, one hour).
+    /// it ([`crate::access::service_account_token`]).
     pub async fn service_account_token(&self, name: &str) -> Result<String> {
-        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-        use k8s_openapi::api::core::v1::ServiceAccount;
-        use kube::Api;
-        use kube::api::PostParams;
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.namespace);
-        let mut account = ServiceAccount::default();
-        account.metadata.name = Some(name.into());
-        accounts.create(&PostParams::default(), &account).await?;
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let issued = accounts
-            .create_token_request(name, &PostParams::default(), &request)
-            .await?;
-        Ok(issued
-            .status
-            .ok_or_else(|| anyhow!("a TokenRequest answer without status"))?
-            .token)
+        crate::access::service_account_token(&self.client, &self.namespace, name).await
     }
 
     /// Binds the ClusterRole `role` to the ServiceAccount `account` of this test's
-    /// namespace (a ClusterRoleBinding named `<namespace>-<role>`), and waits until the
-    /// API server's own review allows that account `get` on `path` (a non-resource URL).
+    /// namespace, and waits until the API server allows that account `get` on `path` (a
+    /// non-resource URL).
     pub async fn bind_cluster_role(&self, role: &str, account: &str, path: &str) -> Result<()> {
-        use k8s_openapi::api::authorization::v1::{
-            NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-        };
-        use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
-        use kube::Api;
-        use kube::api::PostParams;
-        let binding = ClusterRoleBinding {
-            metadata: kube::api::ObjectMeta {
-                name: Some(format!("{}-{role}", self.namespace)),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "ClusterRole".into(),
-                name: role.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: account.into(),
-                namespace: Some(self.namespace.clone()),
-                ..Default::default()
-            }]),
-        };
-        Api::<ClusterRoleBinding>::all(self.client.clone())
-            .create(&PostParams::default(), &binding)
-            .await?;
-        let user = format!("system:serviceaccount:{}:{account}", self.namespace);
-        let reviews: Api<SubjectAccessReview> = Api::all(self.client.clone());
-        crate::wait::poll(
-            "the binding to be in force",
-            std::time::Duration::from_secs(30),
-            || async {
-                let review = SubjectAccessReview {
-                    spec: SubjectAccessReviewSpec {
-                        user: Some(user.clone()),
-                        non_resource_attributes: Some(NonResourceAttributes {
-                            path: Some(path.into()),
-                            verb: Some("get".into()),
-                        }),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                let decided = reviews.create(&PostParams::default(), &review).await?;
-                Ok(decided.status.is_some_and(|s| s.allowed).then_some(()))
-            },
-        )
-        .await
+        crate::access::bind_cluster_role(&self.client, &self.namespace, role, account).await?;
+        crate::access::wait_allowed(&self.client, &self.namespace, account, path).await
     }
 
     /// Starts one operator replica (admin credentials) watching this test's namespace and

@@ -25,6 +25,7 @@
 //! - [`stats`]: percentiles and the min/median/p99/max summary of the bench and chaos reports;
 //! - [`wait`]: polling instead of sleeping.
 
+pub mod access;
 pub mod audit;
 pub mod binaries;
 pub mod chart;

@@ -96,7 +96,11 @@ impl OperatorConfig {
         log_dir: PathBuf,
         timings: &Timings,
     ) -> OperatorConfig {
-        let mut extra_args = vec![format!("--lease-namespace={namespace}")];
+        // Local use: metrics over plain HTTP (a test that wants them secured says so).
+        let mut extra_args = vec![
+            format!("--lease-namespace={namespace}"),
+            "--metrics-secure=false".to_string(),
+        ];
         extra_args.extend(timings.args());
         OperatorConfig {
             identity: identity.into(),
@@ -244,25 +248,33 @@ pub async fn http_get_accept(addr: SocketAddr, path: &str, accept: &str) -> Resu
     parse_response(&tokio::time::timeout(Duration::from_secs(5), request).await??)
 }
 
-/// A GET over HTTPS of `path` on `addr`, verifying the server's certificate against
-/// `trusted` (PEM) for the name `localhost`, with `Authorization: Bearer <token>` if given.
+/// A GET over HTTPS of `path` on `addr`, with `Authorization: Bearer <token>` if given;
+/// the server's certificate verified against `trusted` (PEM) for the name `localhost`, or
+/// not at all without it (a self-signed certificate made at start, which Prometheus is
+/// told to accept the same way).
 pub async fn https_get(
     addr: SocketAddr,
     path: &str,
-    trusted: &str,
+    trusted: Option<&str>,
     token: Option<&str>,
 ) -> Result<(u16, String)> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, ServerName};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
-        roots.add(cert?)?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let config = match trusted {
+        Some(trusted) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
+                roots.add(cert?)?;
+            }
+            builder.with_root_certificates(roots)
+        }
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(Unverified(provider))),
     }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
     .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let request = async {
@@ -273,6 +285,67 @@ pub async fn https_get(
         exchange(stream, &get_request(addr, path, "*/*", token)).await
     };
     parse_response(&tokio::time::timeout(Duration::from_secs(10), request).await??)
+}
+
+/// The operator's metrics at `addr`: over HTTPS with `token` (the default), or over plain
+/// HTTP when the TLS handshake fails (a release from before metrics were secured, in a
+/// mixed-version run).
+pub async fn metrics_of(addr: SocketAddr, token: &str) -> Result<(u16, String)> {
+    match https_get(addr, "/metrics", None, Some(token)).await {
+        Ok(answer) => Ok(answer),
+        Err(secure) => http_get(addr, "/metrics")
+            .await
+            .with_context(|| format!("neither HTTPS ({secure:#}) nor HTTP")),
+    }
+}
+
+/// Accepts any server certificate (but still checks its signatures over the handshake).
+#[derive(Debug)]
+struct Unverified(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 fn get_request(addr: SocketAddr, path: &str, accept: &str, token: Option<&str>) -> String {

@@ -85,7 +85,17 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
         pods.contains(&leader),
         "the Lease names {leader}, not one of {pods:?}"
     );
-    assert_one_leader_by_metrics(&env).await?;
+    // Metrics are served over TLS to the scrapers the cluster authorises (the chart's
+    // default): Prometheus' ServiceAccount, bound to the chart's metrics-reader role.
+    let token = env.service_account_token("prometheus").await?;
+    env.bind_cluster_role(
+        &format!("{FULLNAME}-metrics-reader"),
+        "prometheus",
+        "/metrics",
+    )
+    .await?;
+    assert_metrics_refused_without_the_role(&env, &pods[0]).await?;
+    assert_one_leader_by_metrics(&env, &token).await?;
     let lease: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     let owners = lease
         .get(LEASE)
@@ -228,7 +238,7 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     .await?;
     set_message(&env.client, "after the rollout").await?;
     wait_for_message(&env.client, "after the rollout").await?;
-    assert_one_leader_by_metrics(&env).await?;
+    assert_one_leader_by_metrics(&env, &token).await?;
     let log = env.audit_log()?;
     let terms = audit::acquisitions(&log, &env.namespace, LEASE);
     ensure!(terms.len() >= 3, "terms of the whole session: {terms:?}");
@@ -323,7 +333,42 @@ async fn wait_for_ready_pods(env: &TestEnv, n: usize) -> Result<Vec<String>> {
 }
 
 /// Every live Pod's `/metrics`, read over the Pod network: exactly one reports leading.
-async fn assert_one_leader_by_metrics(env: &TestEnv) -> Result<()> {
+/// The address of `pod`'s metrics endpoint.
+async fn metrics_addr(env: &TestEnv, pod: &str) -> Result<SocketAddr> {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let ip = pods
+        .get(pod)
+        .await?
+        .status
+        .and_then(|s| s.pod_ip)
+        .context("a Pod IP")?;
+    Ok(SocketAddr::new(ip.parse()?, 8080))
+}
+
+/// A scrape of `pod` without a token gets 401, with a token whose user lacks the
+/// metrics-reader role 403, and plain HTTP nothing.
+async fn assert_metrics_refused_without_the_role(env: &TestEnv, pod: &str) -> Result<()> {
+    let addr = metrics_addr(env, pod).await?;
+    let stranger = env.service_account_token("stranger").await?;
+    let (code, _) = e2e::operator::https_get(addr, "/metrics", None, None).await?;
+    ensure!(
+        code == 401,
+        "{pod}: a scrape without a token got {code}, not 401"
+    );
+    let (code, _) = e2e::operator::https_get(addr, "/metrics", None, Some(&stranger)).await?;
+    ensure!(
+        code == 403,
+        "{pod}: a token without the role got {code}, not 403"
+    );
+    let plain = http_get(addr, "/metrics").await;
+    ensure!(
+        !matches!(plain, Ok((200, _))),
+        "{pod}: plain HTTP scraped the metrics: {plain:?}"
+    );
+    Ok(())
+}
+
+async fn assert_one_leader_by_metrics(env: &TestEnv, token: &str) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let list = pods.list(&ListParams::default().labels(SELECTOR)).await?;
     let series = format!("leader_election_master_status{{name=\"{LEASE}\"}} 1");
@@ -339,7 +384,7 @@ async fn assert_one_leader_by_metrics(env: &TestEnv) -> Result<()> {
             .and_then(|s| s.pod_ip.as_deref())
             .context("a Pod IP")?;
         let addr = SocketAddr::new(ip.parse()?, 8080);
-        let (code, body) = http_get(addr, "/metrics").await?;
+        let (code, body) = e2e::operator::https_get(addr, "/metrics", None, Some(token)).await?;
         ensure!(code == 200, "{}: /metrics answered {code}", pod.name_any());
         if body.lines().any(|l| l == series) {
             leading.push(pod.name_any());
@@ -387,10 +432,11 @@ async fn restarts(client: &Client, namespace: &str, pod: &str) -> Result<i32> {
 /// Every binding that names a ServiceAccount of `namespace` is the chart's.
 async fn assert_only_the_charts_bindings(client: &Client, namespace: &str) -> Result<()> {
     let names_account = |subjects: &Option<Vec<Subject>>| {
-        subjects
-            .iter()
-            .flatten()
-            .any(|s| s.kind == "ServiceAccount" && s.namespace.as_deref() == Some(namespace))
+        subjects.iter().flatten().any(|s| {
+            s.kind == "ServiceAccount"
+                && s.name == FULLNAME
+                && s.namespace.as_deref() == Some(namespace)
+        })
     };
     let cluster: Api<ClusterRoleBinding> = Api::all(client.clone());
     let mut bindings: Vec<String> = cluster
@@ -420,6 +466,7 @@ async fn assert_only_the_charts_bindings(client: &Client, namespace: &str) -> Re
     bindings.sort();
     let want = vec![
         format!("ClusterRoleBinding/{FULLNAME}"),
+        format!("ClusterRoleBinding/{FULLNAME}-metrics-auth"),
         format!("RoleBinding/{namespace}/{FULLNAME}-leader-election"),
     ];
     ensure!(

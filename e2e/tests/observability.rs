@@ -393,7 +393,9 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
 
     let get = |token: Option<String>| {
         let trusted = trusted.clone();
-        async move { e2e::operator::https_get(op.metrics, "/metrics", &trusted, token.as_deref()).await }
+        async move {
+            e2e::operator::https_get(op.metrics, "/metrics", Some(&trusted), token.as_deref()).await
+        }
     };
     let (code, _) = get(None).await?;
     anyhow::ensure!(code == 401, "no token: {code}, not 401");
@@ -432,7 +434,7 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
     // Plain HTTP is not served on the metrics port; health stays plain and open.
     let plain = http_get(op.metrics, "/metrics").await;
     anyhow::ensure!(
-        plain.as_ref().map_or(true, |(code, _)| *code != 200),
+        !matches!(plain, Ok((200, _))),
         "plain HTTP scraped the metrics: {plain:?}"
     );
     let (code, body) = http_get(op.health, "/healthz").await?;

@@ -66,8 +66,9 @@ pub struct RunArgs {
     /// Serve /metrics over TLS, to scrapers whose bearer token the API server
     /// authenticates and whose user may `get` the non-resource URL /metrics (a
     /// TokenReview and a SubjectAccessReview, cached briefly). Needs `create` on
-    /// tokenreviews and subjectaccessreviews. Off: plain HTTP to anyone, for local use.
-    #[arg(long, env = "METRICS_SECURE", default_value_t = false, num_args = 0..=1,
+    /// tokenreviews and subjectaccessreviews. `--metrics-secure=false`: plain HTTP to
+    /// anyone, for local use.
+    #[arg(long, env = "METRICS_SECURE", default_value_t = true, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub metrics_secure: bool,
 

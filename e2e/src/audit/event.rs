@@ -69,11 +69,20 @@ pub struct ResponseStatus {
 }
 
 impl AuditEvent {
-    /// Whether the request changed (or tried to change) state.
+    /// Whether the request changed (or tried to change) state. A token or access review
+    /// is a `create` that stores nothing (a secured metrics endpoint asks them of followers
+    /// too): not a write.
     pub fn is_write(&self) -> bool {
         matches!(
             self.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
+        ) && !matches!(
+            self.resource(),
+            "tokenreviews"
+                | "subjectaccessreviews"
+                | "selfsubjectaccessreviews"
+                | "localsubjectaccessreviews"
+                | "selfsubjectreviews"
         )
     }
 

@@ -133,7 +133,21 @@ async fn a_namespaced_install_grants_roles_in_the_watched_namespaces_only() -> R
             .args(&values),
         None,
     )?;
-    assert!(!rendered.contains("kind: ClusterRole"), "{rendered}");
+    // Cluster-wide: only what secured metrics need, which cannot be namespaced (token and
+    // access reviews, and the non-resource URL /metrics).
+    let cluster_roles: Vec<&str> = rendered
+        .split("\n---")
+        .filter(|doc| doc.contains("\nkind: ClusterRole\n"))
+        .filter_map(|doc| doc.lines().find_map(|l| l.strip_prefix("  name: ")))
+        .collect();
+    assert_eq!(
+        cluster_roles,
+        [
+            "nsd-myresource-operator-metrics-auth",
+            "nsd-myresource-operator-metrics-reader"
+        ],
+        "{rendered}"
+    );
     assert!(
         rendered.contains(&format!(
             "name: WATCH_NAMESPACES\n              value: \"{watched}\""
@@ -149,7 +163,7 @@ async fn a_namespaced_install_grants_roles_in_the_watched_namespaces_only() -> R
         None,
     )?;
     let account = "nsd-myresource-operator";
-    // Nothing cluster-wide names the account …
+    // Nothing cluster-wide names the account but the metrics reviews' rights …
     let bindings = Api::<ClusterRoleBinding>::all(env.client.clone())
         .list(&Default::default())
         .await?;
@@ -165,9 +179,10 @@ async fn a_namespaced_install_grants_roles_in_the_watched_namespaces_only() -> R
         })
         .filter_map(|b| b.metadata.name.clone())
         .collect();
-    assert!(
-        cluster_wide.is_empty(),
-        "ClusterRoleBindings for the operator: {cluster_wide:?}"
+    assert_eq!(
+        cluster_wide,
+        ["nsd-myresource-operator-metrics-auth"],
+        "ClusterRoleBindings for the operator: only the metrics reviews"
     );
     // … and the API server agrees: the operator's rights hold in the watched namespace only.
     let rights = [

@@ -28,8 +28,6 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
             "--set",
             "grafanaDashboard.enabled=true",
             "--set",
-            "metrics.secure=true",
-            "--set",
             "metrics.certSecret=operator-metrics-tls",
             "--set",
             "networkPolicy.enabled=true",
@@ -43,6 +41,8 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
             "opentelemetry.samplerArg=0.1",
             "--set",
             "podDisruptionBudget.enabled=false",
+            "--set",
+            "metrics.secure=false",
         ],
         &[
             "--set",
@@ -66,19 +66,30 @@ async fn lint_render_dry_run_and_schema_refusals() -> Result<()> {
             None,
         )?;
         let scale_out = values.contains(&"sharding.leases=4");
-        // Secure metrics: the reviews' rights, the reader role, HTTPS in the ServiceMonitor,
-        // the mounted certificate; and the NetworkPolicy, only when asked for.
-        let secure = values.contains(&"metrics.secure=true");
+        // Secure metrics (the default): the reviews' rights, the reader role, HTTPS in the
+        // ServiceMonitor, a mounted certificate when named; the NetworkPolicy when asked for.
+        let secure = !values.contains(&"metrics.secure=false");
+        let monitor = values.contains(&"metrics.serviceMonitor.enabled=true");
         for (present, text) in [
             (
                 secure,
                 "name: METRICS_SECURE\n              value: \"true\"",
             ),
+            (
+                !secure,
+                "name: METRICS_SECURE\n              value: \"false\"",
+            ),
             (secure, "resources: [\"tokenreviews\"]"),
             (secure, "nonResourceURLs: [\"/metrics\"]"),
-            (secure, "scheme: https"),
-            (secure, "secretName: operator-metrics-tls"),
-            (secure, "kind: NetworkPolicy"),
+            (secure && monitor, "scheme: https"),
+            (
+                values.contains(&"metrics.certSecret=operator-metrics-tls"),
+                "secretName: operator-metrics-tls",
+            ),
+            (
+                values.contains(&"networkPolicy.enabled=true"),
+                "kind: NetworkPolicy",
+            ),
         ] {
             assert_eq!(
                 rendered.contains(text),

@@ -22,7 +22,6 @@ use anyhow::{Context, Result, bail};
 use e2e::audit;
 use e2e::cluster::{Cluster, NODE_DIR};
 use e2e::lease::{self, TEST_TIMINGS};
-use e2e::operator::http_get;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams};
@@ -82,9 +81,20 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
         ];
         let sets: Vec<&str> = timings.iter().flat_map(|t| ["--set", t.as_str()]).collect();
         e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &installed, &sets)?;
+        // Scrapes show a token the chart's metrics-reader role admits (the role comes with
+        // the current chart: an earlier release may serve plain metrics until upgraded).
+        let token = e2e::access::service_account_token(&client, NAMESPACE, "prometheus").await?;
+        e2e::access::bind_cluster_role(
+            &client,
+            NAMESPACE,
+            &format!("{DEPLOYMENT}-metrics-reader"),
+            "prometheus",
+        )
+        .await?;
         let mut chaos = InCluster {
             upgrade_to: args.upgrade_from.as_ref().map(|_| image.reference.clone()),
             pods: Api::namespaced(client.clone(), NAMESPACE),
+            token,
             client,
             logs: LogCopy::new(&cluster, &out),
             expected_restarts: BTreeMap::new(),
@@ -103,6 +113,8 @@ struct InCluster {
     upgrade_to: Option<String>,
     client: Client,
     pods: Api<Pod>,
+    /// A token whose user the chart's metrics-reader role admits (secured metrics).
+    token: String,
     logs: LogCopy,
     /// Container restarts the run caused (SIGKILLs), by Pod uid.
     expected_restarts: BTreeMap<String, i32>,
@@ -407,7 +419,7 @@ impl InCluster {
                 continue;
             }
             let addr = SocketAddr::new(ip.parse()?, 8080);
-            if let Ok((200, body)) = http_get(addr, "/metrics").await
+            if let Ok((200, body)) = e2e::operator::metrics_of(addr, &self.token).await
                 && body
                     .lines()
                     .any(|l| l.starts_with("leader_election_master_status{") && l.ends_with(" 1"))
