@@ -17,6 +17,7 @@
 //! - [`peers`] (`--peers [N]`, on its own): ours beside controller-runtime and kube-runtime;
 //! - [`scaleout`] (`--shard-leases [S]`, on its own): scale-out mode with 1 to 4 replicas
 //!   against the single leader;
+//! - [`scrapes`] (`--scrapes [N]`, on its own): the cost of secured metrics;
 //! - [`cpu`]: CPU per process over a phase; [`objects`]: the objects measured;
 //! - [`report`]: the report, as printed lines, `report.md` and `report.json`.
 
@@ -30,6 +31,7 @@ mod peers;
 mod pods;
 mod report;
 mod scaleout;
+mod scrapes;
 mod takeover;
 mod telemetry;
 mod throughput;
@@ -81,6 +83,10 @@ pub struct BenchArgs {
     /// target/bench/scaleout/report.{json,md}).
     #[arg(long, value_name = "S", num_args = 0..=1, default_missing_value = "12")]
     pub shard_leases: Option<usize>,
+    /// Instead of everything else: the cost of secured metrics, N scrapes (default 1000)
+    /// of a secured replica and of a plain one (writes target/bench/scrapes/report.{json,md}).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "1000")]
+    pub scrapes: Option<usize>,
 }
 
 struct Bench {
@@ -128,6 +134,11 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
             let runs = (args.latency_objects, args.failover_runs);
             let result = bench.peers(binaries, n, runs.0, runs.1).await;
             (result, root.join("target/bench/peers"))
+        }
+        (_, _, _) if args.scrapes.is_some() => {
+            bench.report = Report::titled("The cost of secured metrics");
+            let result = bench.scrapes(args.scrapes.unwrap_or(1000)).await;
+            (result, root.join("target/bench/scrapes"))
         }
         (_, _, Some(shards)) => {
             bench.report = Report::titled("Scale-out mode against the single leader");
