@@ -9,7 +9,7 @@ use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
@@ -38,6 +38,24 @@ pub async fn service_account_token(client: &Client, namespace: &str, name: &str)
         .status
         .ok_or_else(|| anyhow!("a TokenRequest answer without status"))?
         .token)
+}
+
+/// Creates the ClusterRole `name` granting `get` on the non-resource URL `/metrics` (what
+/// the chart's metrics-reader role grants), if absent.
+pub async fn create_metrics_reader(client: &Client, name: &str) -> Result<()> {
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    if roles.get_opt(name).await?.is_some() {
+        return Ok(());
+    }
+    let mut role = ClusterRole::default();
+    role.metadata.name = Some(name.into());
+    role.rules = Some(vec![PolicyRule {
+        non_resource_urls: Some(vec!["/metrics".into()]),
+        verbs: vec!["get".into()],
+        ..Default::default()
+    }]);
+    roles.create(&PostParams::default(), &role).await?;
+    Ok(())
 }
 
 /// Binds the ClusterRole `role` (which may not exist yet) to the ServiceAccount `account`

@@ -354,7 +354,7 @@ fn reviews_by(env: &TestEnv, op: &Operator) -> Result<usize> {
 
 #[tokio::test]
 async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()> {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let env = harness::setup("metrics-tls").await?;
     // The mounted-certificate path, with a certificate this test trusts.
     let certs = env.log_dir().join(format!("{}-tls", env.namespace));
@@ -376,15 +376,7 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
     // Prometheus' ServiceAccount may get /metrics (as the chart's metrics-reader role
     // grants); another may not.
     let reader = format!("{}-metrics-reader", env.namespace);
-    let roles: Api<ClusterRole> = Api::all(env.client.clone());
-    let mut role = ClusterRole::default();
-    role.metadata.name = Some(reader.clone());
-    role.rules = Some(vec![PolicyRule {
-        non_resource_urls: Some(vec!["/metrics".into()]),
-        verbs: vec!["get".into()],
-        ..Default::default()
-    }]);
-    roles.create(&PostParams::default(), &role).await?;
+    e2e::access::create_metrics_reader(&env.client, &reader).await?;
     let prometheus = env.service_account_token("prometheus").await?;
     let stranger = env.service_account_token("stranger").await?;
     // In force before the first scrape (a 403 would be cached by the replica a while).
@@ -439,7 +431,9 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
     );
     let (code, body) = http_get(op.health, "/healthz").await?;
     anyhow::ensure!(code == 200 && body == "ok", "/healthz: {code} {body}");
-    roles.delete(&reader, &Default::default()).await?;
+    Api::<ClusterRole>::all(env.client.clone())
+        .delete(&reader, &Default::default())
+        .await?;
     Api::<ClusterRoleBinding>::all(env.client.clone())
         .delete(&format!("{}-{reader}", env.namespace), &Default::default())
         .await?;

@@ -11,9 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use e2e::lease::DEFAULT_TIMINGS;
 use e2e::operator::{Operator, http_get, https_get};
-use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
-use kube::Api;
-use kube::api::PostParams;
 use serde_json::json;
 
 use super::Bench;
@@ -26,17 +23,7 @@ impl Bench {
     pub(super) async fn scrapes(&mut self, n: usize) -> Result<()> {
         eprintln!("==> {n} scrapes of a secured replica and of a plain one");
         let ns = self.namespace("bench-scrapes").await?;
-        let mut role = ClusterRole::default();
-        role.metadata.name = Some(READER.into());
-        role.rules = Some(vec![PolicyRule {
-            non_resource_urls: Some(vec!["/metrics".into()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        }]);
-        let roles: Api<ClusterRole> = Api::all(self.client.clone());
-        if roles.get_opt(READER).await?.is_none() {
-            roles.create(&PostParams::default(), &role).await?;
-        }
+        e2e::access::create_metrics_reader(&self.client, READER).await?;
         let token = e2e::access::service_account_token(&self.client, &ns, "prometheus").await?;
         e2e::access::bind_cluster_role(&self.client, &ns, READER, "prometheus").await?;
         e2e::access::wait_allowed(&self.client, &ns, "prometheus", "/metrics").await?;
