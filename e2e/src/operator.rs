@@ -418,6 +418,7 @@ mod tests {
             config.extra_args,
             [
                 "--lease-namespace=ns",
+                "--metrics-secure=false",
                 "--lease-duration=4s",
                 "--renew-deadline=3s",
                 "--retry-period=2s",

@@ -7,7 +7,9 @@
 //! restart a follower's clock, issue 30), with no lease-duration wait, and a change made
 //! right after the return is reconciled within a lease duration
 //! plus 2 s (the watches retry at the server's return, not at their 30 s backoff cap); no
-//! replica writes after another acquired.
+//! replica writes after another acquired. A fourth replica serves secured metrics (issue 35):
+//! during the outage a token it has not reviewed yet gets 503, never a pass, one it
+//! reviewed before still gets its metrics, and its health endpoint answers.
 //! Lease timings: 4 s / 3 s / 1 s.
 
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use e2e::harness::{self, TestEnv};
 use e2e::lease::TEST_TIMINGS;
-use e2e::operator::{Operator, http_get};
+use e2e::operator::{Operator, http_get, https_get};
 use e2e::process::cpu_seconds;
 use e2e::wait::poll;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -60,6 +62,22 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
     for name in ["a", "b", "c"] {
         replicas.push(env.start_operator(name, &[]).await?);
     }
+    // Secured metrics: a token reviewed before the outage, and one first shown during it.
+    let reader = format!("{}-metrics-reader", env.namespace);
+    e2e::access::create_metrics_reader(&env.client, &reader).await?;
+    let reviewed = env.service_account_token("prometheus").await?;
+    let unreviewed = env.service_account_token("prometheus").await?;
+    env.bind_cluster_role(&reader, "prometheus", "/metrics")
+        .await?;
+    let secured = env.start_operator("s", &["--metrics-secure"]).await?;
+    let addr = secured.metrics;
+    let scrape =
+        |token: String| async move { https_get(addr, "/metrics", None, Some(&token)).await };
+    let (code, _) = scrape(reviewed.clone()).await?;
+    assert_eq!(
+        code, 200,
+        "a scrape with Prometheus' token before the outage"
+    );
     let holder = poll("a leader", Duration::from_secs(30), || async {
         Ok(env.lease_holder().await?.filter(|h| !h.is_empty()))
     })
@@ -81,7 +99,24 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
         v
     };
     harness::stop_apiserver()?;
-    tokio::time::sleep(OUTAGE).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, _) = scrape(unreviewed.clone()).await?;
+    assert_eq!(
+        code, 503,
+        "a token nobody can review in an outage: 503, never a pass"
+    );
+    let (code, _) = scrape(reviewed.clone()).await?;
+    assert_eq!(
+        code, 200,
+        "a token reviewed before the outage (cached for 60 s)"
+    );
+    let (code, body) = http_get(secured.health, "/healthz").await?;
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "ok"),
+        "health answers in an outage"
+    );
+    tokio::time::sleep(OUTAGE - Duration::from_secs(2)).await;
     for (r, (requests_before, cpu_before, lines_before)) in replicas.iter().zip(&before) {
         let sent = requests(r).await? - requests_before;
         let cpu = cpu_seconds(r.process.pid).unwrap_or_default() - cpu_before;
@@ -127,7 +162,10 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
     assert!(recovered <= bound, "took {recovered:?}, goal {bound:?}");
     let after = env.lease_holder().await?.unwrap_or_default();
     assert!(
-        replicas.iter().any(|r| r.config.identity == after),
+        replicas
+            .iter()
+            .chain([&secured])
+            .any(|r| r.config.identity == after),
         "a replica holds the Lease, not {after:?} (before the outage: {holder})"
     );
 

@@ -202,6 +202,8 @@ impl Authoriser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn only_a_bearer_token_is_a_token() {
@@ -236,6 +238,50 @@ mod tests {
             None,
             "a failed review is asked again"
         );
+    }
+
+    /// An Authoriser whose API server never answers (`hang`) or answers 500; and how
+    /// many requests reached it.
+    fn against(hang: bool) -> (Authoriser, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let server = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                http::Response::builder()
+                    .status(500)
+                    .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                    .map_err(|e| -> tower::BoxError { e.into() })
+            }
+        });
+        (
+            Authoriser::new(Client::new(server, "default"), "/metrics"),
+            calls,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_review_that_hangs_or_fails_never_lets_a_scrape_through_nor_is_kept() {
+        for hang in [true, false] {
+            let (authoriser, calls) = against(hang);
+            for _ in 0..2 {
+                assert_eq!(
+                    authoriser.verdict(Some("Bearer t")).await,
+                    Verdict::Unavailable,
+                    "hang: {hang}"
+                );
+            }
+            assert_eq!(calls.load(Ordering::SeqCst), 2, "asked again each time");
+            assert_eq!(
+                authoriser.verdict(None).await,
+                Verdict::Unauthenticated,
+                "no token: no review at all"
+            );
+            assert_eq!(calls.load(Ordering::SeqCst), 2);
+        }
     }
 
     #[test]
