@@ -54,6 +54,23 @@ impl TestEnv {
         crate::access::service_account_token(&self.client, &self.namespace, name).await
     }
 
+    /// The ClusterRole this test creates for reading `/metrics` (the chart's
+    /// metrics-reader, for replicas run without the chart).
+    pub fn metrics_reader(&self) -> String {
+        format!("{}-metrics-reader", self.namespace)
+    }
+
+    /// A token of the ServiceAccount `account`, which [`TestEnv::metrics_reader`] (created
+    /// here) admits to `/metrics`; the binding is in force on return (a 403 would be cached
+    /// by a replica for a while).
+    pub async fn metrics_scraper(&self, account: &str) -> Result<String> {
+        let reader = self.metrics_reader();
+        crate::access::create_metrics_reader(&self.client, &reader).await?;
+        let token = self.service_account_token(account).await?;
+        self.bind_cluster_role(&reader, account, "/metrics").await?;
+        Ok(token)
+    }
+
     /// Binds the ClusterRole `role` to the ServiceAccount `account` of this test's
     /// namespace, and waits until the API server allows that account `get` on `path` (a
     /// non-resource URL).

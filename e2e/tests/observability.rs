@@ -375,13 +375,9 @@ async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()>
 
     // Prometheus' ServiceAccount may get /metrics (as the chart's metrics-reader role
     // grants); another may not.
-    let reader = format!("{}-metrics-reader", env.namespace);
-    e2e::access::create_metrics_reader(&env.client, &reader).await?;
-    let prometheus = env.service_account_token("prometheus").await?;
+    let prometheus = env.metrics_scraper("prometheus").await?;
     let stranger = env.service_account_token("stranger").await?;
-    // In force before the first scrape (a 403 would be cached by the replica a while).
-    env.bind_cluster_role(&reader, "prometheus", "/metrics")
-        .await?;
+    let reader = env.metrics_reader();
 
     let get = |token: Option<String>| {
         let trusted = trusted.clone();

@@ -63,12 +63,8 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
         replicas.push(env.start_operator(name, &[]).await?);
     }
     // Secured metrics: a token reviewed before the outage, and one first shown during it.
-    let reader = format!("{}-metrics-reader", env.namespace);
-    e2e::access::create_metrics_reader(&env.client, &reader).await?;
-    let reviewed = env.service_account_token("prometheus").await?;
+    let reviewed = env.metrics_scraper("prometheus").await?;
     let unreviewed = env.service_account_token("prometheus").await?;
-    env.bind_cluster_role(&reader, "prometheus", "/metrics")
-        .await?;
     let secured = env.start_operator("s", &["--metrics-secure"]).await?;
     let addr = secured.metrics;
     let scrape =

@@ -21,12 +21,11 @@ const LISTING: (Duration, Duration) = (Duration::from_millis(50), Duration::from
 /// Which shards are cached and which of them have listed.
 #[derive(Default)]
 struct Shards {
-    cached: BTreeSet<usize>,
     warm: BTreeSet<usize>,
     /// Counts caches started, so that a list that outlived its shard's drop does not warm
     /// the shard's next cache.
     started: u64,
-    /// For each cached shard, the count its cache started at.
+    /// The cached shards, each with the count its cache started at.
     since: std::collections::BTreeMap<usize, u64>,
 }
 
@@ -56,9 +55,12 @@ impl Caches {
 impl ShardCaches for Caches {
     fn cache_shards(&self, shards: &BTreeSet<usize>) {
         let mut state = self.lock();
-        let dropped = state.cached.difference(shards).count() > 0;
-        let started: Vec<usize> = shards.difference(&state.cached).copied().collect();
-        state.cached = shards.clone();
+        let dropped = state.since.keys().any(|s| !shards.contains(s));
+        let started: Vec<usize> = shards
+            .iter()
+            .filter(|s| !state.since.contains_key(s))
+            .copied()
+            .collect();
         state.warm.retain(|s| shards.contains(s));
         state.since.retain(|s, _| shards.contains(s));
         for shard in started {
@@ -84,7 +86,7 @@ impl ShardCaches for Caches {
     }
 
     fn cached_shards(&self) -> BTreeSet<usize> {
-        self.lock().cached.clone()
+        self.lock().since.keys().copied().collect()
     }
 
     fn warm_shards(&self) -> BTreeSet<usize> {

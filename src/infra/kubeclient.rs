@@ -59,7 +59,7 @@ impl Clients {
     }
 }
 
-/// Builds both clients from one configuration.
+/// Builds the clients from one configuration.
 pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) -> Result<Clients> {
     config.default_retry = false;
     let reachability = Reachability::default();
@@ -68,13 +68,16 @@ pub fn clients(mut config: kube::Config, fence: Fence, metrics: Arc<Metrics>) ->
         reachability: reachability.clone(),
         metrics,
     };
-    let election = kube::client::ClientBuilder::try_from(config.clone())?
-        .with_layer(&layer)
-        .build();
+    // Unfenced, through the request layer; one per use, so that neither queues behind
+    // the other's requests.
+    let unfenced = || -> Result<Client> {
+        Ok(kube::client::ClientBuilder::try_from(config.clone())?
+            .with_layer(&layer)
+            .build())
+    };
+    let election = unfenced()?;
+    let reviews = unfenced()?;
     let reconcile = fenced_client(&config, fence, &layer)?;
-    let reviews = kube::client::ClientBuilder::try_from(config.clone())?
-        .with_layer(&layer)
-        .build();
     Ok(Clients {
         reconcile,
         election,

@@ -419,29 +419,30 @@ impl<C: ShardCaches, S: GroupStore> Membership<C, S> {
                     if let Some(Event::Apply(lease) | Event::InitApply(lease)) = &event
                         && lease.name_any() == name
                     {
-                        echo.seen(&lease.resource_version().unwrap_or_default(), crate::clock::now(), echo_within);
+                        let version = lease.resource_version().unwrap_or_default();
+                        echo.seen(&version, crate::clock::now(), echo_within);
                     }
                     match event {
-                    Some(Event::Apply(lease)) => group.observe(&lease, crate::clock::now(), self.member.wall.now()),
-                    Some(Event::Delete(lease)) => group.forget(&lease.name_any()),
-                    Some(Event::Init) => listing = Some(Group::default()),
-                    Some(Event::InitApply(lease)) => {
-                        if let Some(fresh) = listing.as_mut() {
-                            fresh.observe(&lease, crate::clock::now(), self.member.wall.now());
-                        }
-                    }
-                    Some(Event::InitDone) => {
-                        // Keep the liveness clocks of records that did not change.
-                        let mut fresh = listing.take().unwrap_or_default();
-                        for (name, seen) in fresh.leases.iter_mut() {
-                            if let Some(old) = group.leases.get(name).filter(|o| o.spec == seen.spec) {
-                                seen.since = old.since;
+                        Some(Event::Apply(lease)) => group.observe(&lease, crate::clock::now(), self.member.wall.now()),
+                        Some(Event::Delete(lease)) => group.forget(&lease.name_any()),
+                        Some(Event::Init) => listing = Some(Group::default()),
+                        Some(Event::InitApply(lease)) => {
+                            if let Some(fresh) = listing.as_mut() {
+                                fresh.observe(&lease, crate::clock::now(), self.member.wall.now());
                             }
                         }
-                        group = fresh;
-                        listed = true;
-                    }
-                    None => break,
+                        Some(Event::InitDone) => {
+                            // Keep the liveness clocks of records that did not change.
+                            let mut fresh = listing.take().unwrap_or_default();
+                            for (name, seen) in fresh.leases.iter_mut() {
+                                if let Some(old) = group.leases.get(name).filter(|o| o.spec == seen.spec) {
+                                    seen.since = old.since;
+                                }
+                            }
+                            group = fresh;
+                            listed = true;
+                        }
+                        None => break,
                     }
                 }
             }
