@@ -297,7 +297,40 @@ async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>, node: bool) -> 
     Ok(())
 }
 
+/// Free disk space a whole `cargo xtask test` needs beside what is already built: the test
+/// builds (the workspace's and the simulator's), the clusters' folders, the first-use
+/// demo's fresh binaries cache and Go's link of the control plane into it. Measured in a
+/// fresh clone on 2026-12-06 (docs/testing.md); with some margin.
+const TEST_DISK_GIB: u64 = 8;
+
+/// Fails at once, with what to do, when the disk holding `path` has less than `gib` GiB free:
+/// a full disk otherwise shows up minutes later as a compiler or linker error far from its
+/// cause.
+fn ensure_free_space(path: &Path, gib: u64) -> Result<()> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is a NUL-terminated path and `stat` a valid, writable statvfs.
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("reading the free space of {}", path.display()));
+    }
+    let free = stat.f_bavail as u64 * stat.f_frsize as u64;
+    let need = gib << 30;
+    if free < need {
+        bail!(
+            "{} has {:.1} GiB free; a full test run needs about {gib} GiB more: remove old \
+             build folders (`cargo clean` in other clones, leftover target/ or /tmp copies) \
+             and run again",
+            path.display(),
+            free as f64 / f64::from(1 << 30),
+        );
+    }
+    Ok(())
+}
+
 fn test(cargo_args: &[String]) -> Result<()> {
+    ensure_free_space(&workspace_root(), TEST_DISK_GIB)?;
+    ensure_free_space(&std::env::temp_dir(), TEST_DISK_GIB)?;
     let use_existing = std::env::var("USE_EXISTING_CLUSTER").is_ok_and(|v| v == "true");
     if !use_existing {
         // Build (or find) every program the tests run once, up front, with visible progress:
