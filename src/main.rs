@@ -12,7 +12,7 @@ use kube_leasehold::{Candidate, KubeLeases};
 use myresource_operator::cache;
 use myresource_operator::control::controller::Controller;
 use myresource_operator::control::echo::{EchoFilter, Echoes};
-use myresource_operator::control::events::Publisher;
+use myresource_operator::control::events::{Publisher, counted};
 use myresource_operator::control::partition::Shards;
 use myresource_operator::control::queue::Backoff;
 use myresource_operator::control::reconcile::Context;
@@ -199,7 +199,8 @@ async fn run(args: RunArgs, identity: String) -> Result<()> {
                 client: clients.reconcile.clone(),
                 caches: caches.clone(),
                 echoes,
-                events: Publisher::new(clients.reconcile, "myresource-operator", &identity),
+                events: Publisher::new(clients.reconcile, "myresource-operator", &identity)
+                    .on_fate(counted(&metrics)),
                 fence: fence.clone(),
                 shard: None,
             });

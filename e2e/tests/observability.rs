@@ -259,7 +259,10 @@ async fn three_replicas_expose_the_metrics_and_leadership_moves() -> Result<()> 
             if status == 1.0 {
                 let successes = sample(&text, "controller_runtime_reconcile_total{controller=\"myresource\",result=\"success\"}").unwrap_or(0.0);
                 let depth = sample(&text, "workqueue_depth{").unwrap_or(-1.0);
-                if successes >= n as f64 && depth == 0.0 {
+                // Each MyResource's ConfigMap creation has its Event, published off the
+                // reconcile's path by the term.
+                let events = sample(&text, "myresource_operator_events_total{result=\"published\"}").unwrap_or(0.0);
+                if successes >= n as f64 && depth == 0.0 && events >= n as f64 {
                     leaders.push(i);
                 } else {
                     return Ok(None);

@@ -183,7 +183,17 @@ impl Controller {
             (0..workers_per_shard)
                 .map(move |_| self.work(shard, shards, ctx.clone(), cancel.clone(), takeover))
         });
-        futures::future::join_all(running).await;
+        // The term's Events go out beside its workers, off the reconciles' path; the term
+        // ends once the workers have stopped and the publishes under way are answered.
+        let (stopped, workers_stopped) = tokio::sync::oneshot::channel::<()>();
+        let working = async move {
+            futures::future::join_all(running).await;
+            drop(stopped);
+        };
+        let events = ctx.events.run_term(&ctx.fence, workers as usize, async {
+            let _ = workers_stopped.await;
+        });
+        futures::future::join(working, events).await;
         for shard in &shards {
             self.leading[shard.index].store(false, Ordering::SeqCst);
             shard.queue().clear();

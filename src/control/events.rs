@@ -4,7 +4,18 @@
 //! one patches that Event's `series` (count, lastObservedTime) instead of creating another,
 //! so `kubectl describe` shows "(x3 over 2m)" rather than three lines.
 //!
+//! Off the reconcile's path: a reconcile queues its Events ([`Publisher::queue`]) and goes on
+//! to its status write; each leadership term publishes them beside its workers
+//! ([`Publisher::run_term`]), as client-go's broadcaster does from its own goroutine.
+//!
 //! Invariants:
+//! - an Event is published only in the term that queued it: the queue belongs to one term,
+//!   every publish checks the term's fence first and goes through the fenced client, and
+//!   what a term left unsent when it ended is dropped (counted), never sent in a later term;
+//! - the queue is bounded ([`QUEUE`]); a full queue drops the Event (counted and logged)
+//!   rather than slow the reconciles (client-go's broadcaster drops past 1,000 too);
+//! - a term ends only once the publishes it started are answered, so the release that
+//!   follows finds them settled ([`kube_leasehold::fence::Fence::settled`]);
 //! - the memory of recent events ([`Recent`], pure, tested with a fake clock) forgets
 //!   expired entries in a sweep that runs at most once per [`SWEEP_EVERY`], so a publish
 //!   costs O(1) amortized however many objects there are. (kube's `Recorder` sweeps its
@@ -19,21 +30,33 @@
 //!   overwrite a later one.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use kube_leasehold::fence::{Fence, is_fenced};
+use opentelemetry::trace::{SpanContext, TraceContextExt};
 use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::infra::metrics::Metrics;
 
 /// A repeat within this long of the previous occurrence joins its series (client-go: 6 min).
 pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 /// How often expired entries are swept from [`Recent`].
 pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// How many Events a term may hold queued and unsent; more are dropped.
+pub const QUEUE: usize = 1024;
 
 /// Normal or Warning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,12 +178,47 @@ impl Recent {
     }
 }
 
-/// Publishes Events for one replica.
+/// One Event a reconcile asked for.
+#[derive(Debug)]
+pub struct Pending {
+    pub regarding: ObjectReference,
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub note: String,
+    /// The reconcile that asked, linked from the publish's span.
+    pub cause: SpanContext,
+}
+
+/// What became of an Event a reconcile queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    Published,
+    /// Refused or failed (logged).
+    Failed,
+    /// Not sent: the queue was full, or the term ended first.
+    Dropped,
+}
+
+impl Fate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fate::Published => "published",
+            Fate::Failed => "failed",
+            Fate::Dropped => "dropped",
+        }
+    }
+}
+
+/// Publishes Events for one replica (one shard's contexts in scale-out mode).
 pub struct Publisher {
     client: Client,
     controller: String,
     instance: String,
     recent: Mutex<Recent>,
+    /// The running term's queue; `None` between terms.
+    outbox: Mutex<Option<mpsc::Sender<Pending>>>,
+    /// Hears what became of every queued Event (the metrics).
+    fate: Box<dyn Fn(Fate) + Send + Sync>,
 }
 
 impl Publisher {
@@ -172,6 +230,107 @@ impl Publisher {
             controller: controller.into(),
             instance: instance.into(),
             recent: Mutex::new(Recent::new(Instant::now())),
+            outbox: Mutex::new(None),
+            fate: Box::new(|_| {}),
+        }
+    }
+
+    /// Tells `fate` what became of every Event queued from now on.
+    pub fn on_fate(mut self, fate: impl Fn(Fate) + Send + Sync + 'static) -> Self {
+        self.fate = Box::new(fate);
+        self
+    }
+
+    /// Queues an Event for the running term's [`Publisher::run_term`]; drops it (counted,
+    /// logged at debug level) if no term runs or its queue is full.
+    pub fn queue(&self, pending: Pending) {
+        let outbox = self.outbox.lock().expect("outbox lock");
+        let queued = match outbox.as_ref() {
+            Some(tx) => tx.try_send(pending).map_err(|err| err.into_inner()),
+            None => Err(pending),
+        };
+        if let Err(pending) = queued {
+            debug!(
+                reason = pending.reason,
+                "Event dropped: no room in this term's queue"
+            );
+            (self.fate)(Fate::Dropped);
+        }
+    }
+
+    /// Publishes the Events queued during one leadership term, up to `concurrency` at once,
+    /// each after a check of the term's `fence`, until `ended` resolves; then waits for the
+    /// publishes under way and drops what is still queued.
+    pub async fn run_term(
+        &self,
+        fence: &Fence,
+        concurrency: usize,
+        ended: impl Future<Output = ()>,
+    ) {
+        let fate = &self.fate;
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        *self.outbox.lock().expect("outbox lock") = Some(tx);
+        let mut ended = pin!(ended);
+        let mut sending = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                // Answers first, then queued Events while there is room: the term's end
+                // drops only what could not be started by then (at most what arrived
+                // while `concurrency` publishes were under way).
+                biased;
+                Some(result) = sending.next(), if !sending.is_empty() => fate(result),
+                Some(pending) = rx.recv(), if sending.len() < concurrency.max(1) => {
+                    if fence.check().is_err() {
+                        fate(Fate::Dropped);
+                    } else {
+                        sending.push(self.publish_pending(pending));
+                    }
+                }
+                () = &mut ended => break,
+            }
+        }
+        *self.outbox.lock().expect("outbox lock") = None;
+        rx.close();
+        let mut dropped = 0;
+        while rx.try_recv().is_ok() {
+            dropped += 1;
+            fate(Fate::Dropped);
+        }
+        if dropped > 0 {
+            warn!(
+                dropped,
+                "the leadership term ended before these Events were published"
+            );
+        }
+        while let Some(result) = sending.next().await {
+            fate(result);
+        }
+    }
+
+    async fn publish_pending(&self, pending: Pending) -> Fate {
+        let Pending {
+            regarding,
+            type_,
+            reason,
+            note,
+            cause,
+        } = pending;
+        let span = tracing::info_span!("publish Event", reason);
+        span.add_link(cause);
+        let name = regarding.name.clone().unwrap_or_default();
+        let namespace = regarding.namespace.clone().unwrap_or_default();
+        match self
+            .publish(&regarding, type_, reason, "Reconcile", &note)
+            .instrument(span)
+            .await
+        {
+            Ok(()) => Fate::Published,
+            Err(err) => {
+                if !is_fenced(&err) {
+                    warn!(namespace, name, reason, error = %err, "could not publish event");
+                }
+                Fate::Failed
+            }
         }
     }
 
@@ -266,6 +425,21 @@ impl Publisher {
     fn remember<T>(&self, f: impl FnOnce(&mut Recent) -> T) -> T {
         f(&mut self.recent.lock().expect("recent events lock"))
     }
+}
+
+/// A [`Publisher::on_fate`] that counts in `metrics` (`myresource_operator_events_total`).
+pub fn counted(metrics: &Arc<Metrics>) -> impl Fn(Fate) + Send + Sync + 'static {
+    let metrics = metrics.clone();
+    move |fate| metrics.event(fate.as_str())
+}
+
+/// The span context of the current span, for [`Pending::cause`].
+pub fn current_cause() -> SpanContext {
+    tracing::Span::current()
+        .context()
+        .span()
+        .span_context()
+        .clone()
 }
 
 #[cfg(test)]
@@ -372,6 +546,150 @@ mod tests {
         assert_eq!(
             recent.observe(key("R"), "r2", t0 + SERIES_WINDOW + secs(2)),
             Decision::Create
+        );
+    }
+
+    /// An API server that answers every Event create once `release` grants a permit, and
+    /// counts the creates it received and the most it held at once.
+    struct Server {
+        release: Arc<tokio::sync::Semaphore>,
+        received: Arc<std::sync::atomic::AtomicUsize>,
+        most_at_once: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    fn publisher() -> (Publisher, Server, Arc<Mutex<Vec<Fate>>>) {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let server = Server {
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+            received: Arc::new(AtomicUsize::new(0)),
+            most_at_once: Arc::new(AtomicUsize::new(0)),
+        };
+        let held = Arc::new(AtomicUsize::new(0));
+        let (release, received, most) = (
+            server.release.clone(),
+            server.received.clone(),
+            server.most_at_once.clone(),
+        );
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            let (release, held, most) = (release.clone(), held.clone(), most.clone());
+            received.fetch_add(1, SeqCst);
+            async move {
+                most.fetch_max(held.fetch_add(1, SeqCst) + 1, SeqCst);
+                release.acquire().await.expect("open").forget();
+                held.fetch_sub(1, SeqCst);
+                let event = r#"{"apiVersion":"events.k8s.io/v1","kind":"Event","metadata":{"name":"e","resourceVersion":"1"}}"#;
+                http::Response::builder()
+                    .status(201)
+                    .body(http_body_util::Full::new(hyper::body::Bytes::from(event)))
+                    .map_err(|e| -> tower::BoxError { e.into() })
+            }
+        });
+        let fates = Arc::new(Mutex::new(Vec::new()));
+        let heard = fates.clone();
+        let publisher = Publisher::new(Client::new(service, "default"), "test", "replica")
+            .on_fate(move |fate| heard.lock().unwrap().push(fate));
+        (publisher, server, fates)
+    }
+
+    fn pending(name: &str) -> Pending {
+        Pending {
+            regarding: ObjectReference {
+                namespace: Some("ns".into()),
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            type_: EventType::Normal,
+            reason: "ConfigMapCreated",
+            note: "created".into(),
+            cause: SpanContext::empty_context(),
+        }
+    }
+
+    fn count(fates: &Mutex<Vec<Fate>>, fate: Fate) -> usize {
+        fates.lock().unwrap().iter().filter(|f| **f == fate).count()
+    }
+
+    /// Lets the publisher and the server run for a moment.
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    /// Waits (bounded) until `done` holds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("still not: {what}");
+    }
+
+    /// Events go out beside the reconciles, at most `concurrency` at once; the term's end
+    /// waits for those under way and drops what it had not started; outside a term, and
+    /// past the fence, nothing is sent.
+    #[tokio::test]
+    async fn a_term_publishes_its_events_and_no_later_term_does() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (publisher, server, fates) = publisher();
+        publisher.queue(pending("before"));
+        assert_eq!(count(&fates, Fate::Dropped), 1, "no term runs yet");
+
+        let fence = Fence::default();
+        fence.extend(Instant::now() + Duration::from_secs(60));
+        let (end, ended) = tokio::sync::oneshot::channel::<()>();
+        let term = publisher.run_term(&fence, 2, async {
+            let _ = ended.await;
+        });
+        let drive = async {
+            settle().await;
+            for i in 0..5 {
+                publisher.queue(pending(&format!("o{i}")));
+            }
+            until("two sent", || server.received.load(SeqCst) == 2).await;
+            settle().await;
+            assert_eq!(server.received.load(SeqCst), 2, "two at once, three queued");
+            server.release.add_permits(2);
+            until("two more sent", || server.received.load(SeqCst) == 4).await;
+            assert_eq!(count(&fates, Fate::Published), 2);
+            // The term ends with two under way and one queued: the two are awaited.
+            end.send(()).unwrap();
+            settle().await;
+            assert_eq!(count(&fates, Fate::Published), 2, "still under way");
+            server.release.add_permits(2);
+        };
+        futures::join!(term, drive);
+        assert_eq!(count(&fates, Fate::Published), 4);
+        assert_eq!(
+            count(&fates, Fate::Dropped),
+            2,
+            "the one queued at the end too"
+        );
+        assert_eq!(server.most_at_once.load(SeqCst), 2);
+
+        publisher.queue(pending("after"));
+        assert_eq!(count(&fates, Fate::Dropped), 3, "no term runs any more");
+
+        // A term whose fence is closed sends nothing (were it to, the server would answer).
+        fence.revoke();
+        server.release.add_permits(10);
+        let (end, ended) = tokio::sync::oneshot::channel::<()>();
+        let term = publisher.run_term(&fence, 2, async {
+            let _ = ended.await;
+        });
+        let drive = async {
+            settle().await;
+            publisher.queue(pending("fenced"));
+            settle().await;
+            end.send(()).unwrap();
+        };
+        futures::join!(term, drive);
+        assert_eq!(count(&fates, Fate::Dropped), 4);
+        assert_eq!(
+            server.received.load(SeqCst),
+            4,
+            "nothing sent past the fence"
         );
     }
 

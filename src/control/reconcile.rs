@@ -26,11 +26,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::cache::Caches;
 use crate::control::echo::{Echoes, Kind};
-use crate::control::events::{EventType, Publisher};
+use crate::control::events::{EventType, Pending, Publisher, current_cause};
 use crate::control::queue::Outcome;
 use crate::key::ObjectKey;
 use crate::resource::{
@@ -391,7 +391,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
     if let Some((reason, verb)) = change {
         info!(myresource = %key, "ConfigMap {verb}");
         let note = format!("ConfigMap {} {verb}", key.name);
-        publish(ctx, &mr, EventType::Normal, reason, &note).await;
+        publish(ctx, &mr, EventType::Normal, reason, &note);
     }
     let problem = match &state {
         ConfigMapState::OwnedElsewhere(message) => {
@@ -425,7 +425,7 @@ pub async fn reconcile(ctx: &Context, key: &ObjectKey) -> Result<Outcome, Error>
                 .and_then(|s| s.conditions.first())
                 .map(|c| c.reason.as_str());
             if was != Some(reason) {
-                publish(ctx, &mr, EventType::Warning, reason, message).await;
+                publish(ctx, &mr, EventType::Warning, reason, message);
             }
         }
     }
@@ -526,20 +526,16 @@ async fn apply(
     Ok(())
 }
 
-/// Publishes an Event about `mr`; a failure to publish is logged, never fatal.
-async fn publish(ctx: &Context, mr: &MyResource, type_: EventType, reason: &str, note: &str) {
-    if ctx.fence.check().is_err() {
-        return;
-    }
-    let regarding = mr.object_ref(&());
-    if let Err(err) = ctx
-        .events
-        .publish(&regarding, type_, reason, "Reconcile", note)
-        .await
-        && !kube_leasehold::fence::is_fenced(&err)
-    {
-        warn!(myresource = %ObjectKey::of(mr), error = %err, "could not publish event");
-    }
+/// Queues an Event about `mr`, published off the reconcile's path by the term's publisher
+/// (see [`crate::control::events`]); one that cannot be queued is counted there, never fatal.
+fn publish(ctx: &Context, mr: &MyResource, type_: EventType, reason: &'static str, note: &str) {
+    ctx.events.queue(Pending {
+        regarding: mr.object_ref(&()),
+        type_,
+        reason,
+        note: note.into(),
+        cause: current_cause(),
+    });
 }
 
 #[cfg(test)]

@@ -103,6 +103,12 @@ pub struct Metrics {
     shards_cached: Gauge,
     shard_members: Gauge,
     shard_filter: Family<ModeLabels, Gauge>,
+    events: Family<FateLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FateLabels {
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -163,6 +169,7 @@ impl Metrics {
             shards_cached: Gauge::default(),
             shard_members: Gauge::default(),
             shard_filter: Family::default(),
+            events: Family::default(),
         };
         {
             let mut r = m.registry.lock().expect("registry lock");
@@ -266,6 +273,11 @@ impl Metrics {
                 "Scale-out mode: 1 for how MyResources are filtered by shard: mode=server (the API server's shardSelector) or mode=client (listed in full, filtered here)",
                 m.shard_filter.clone(),
             );
+            r.register(
+                "myresource_operator_events",
+                "Events the reconciles asked for, by result: published, failed (refused or not answered), dropped (a full queue, or the leadership term ended first)",
+                m.events.clone(),
+            );
             r.register_collector(Box::new(ProcessCollector));
         }
         m.init_series();
@@ -292,6 +304,9 @@ impl Metrics {
         drop(self.queue_duration.get_or_create(&QUEUE_LABELS));
         drop(self.work_duration.get_or_create(&QUEUE_LABELS));
         drop(self.queue_retries.get_or_create(&QUEUE_LABELS));
+        for result in ["published", "failed", "dropped"] {
+            drop(self.events.get_or_create(&FateLabels { result }));
+        }
     }
 
     /// Reads the current state (queues, caches) from `read` at every scrape.
@@ -365,6 +380,12 @@ impl Metrics {
     }
 
     /// Scale-out mode: whether the API server filters by shard (`server`) or we do.
+    /// What became of an Event a reconcile asked for: `result` is published, failed or
+    /// dropped (`control::events::Fate`).
+    pub fn event(&self, result: &'static str) {
+        self.events.get_or_create(&FateLabels { result }).inc();
+    }
+
     pub fn shard_filter(&self, server_side: bool) {
         let mode = if server_side { "server" } else { "client" };
         self.shard_filter.get_or_create(&ModeLabels { mode }).set(1);

@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::cache::Caches;
 use crate::control::controller::Controller;
 use crate::control::echo::Echoes;
-use crate::control::events::Publisher;
+use crate::control::events::{Publisher, counted};
 use crate::control::reconcile::Context;
 use crate::infra::kubeclient::Clients;
 use crate::infra::metrics::Metrics;
@@ -124,7 +124,8 @@ pub async fn run(s: ScaleOut, stop: impl Future<Output = ()>) -> Result<()> {
             client: client.clone(),
             caches: s.caches.clone(),
             echoes: s.echoes.clone(),
-            events: Publisher::new(client, "myresource-operator", &s.identity),
+            events: Publisher::new(client, "myresource-operator", &s.identity)
+                .on_fate(counted(&s.metrics)),
             fence: fence.clone(),
             shard: Some((s.key, shard)),
         }));
