@@ -297,10 +297,10 @@ async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>, node: bool) -> 
     Ok(())
 }
 
-/// Free disk space a whole `cargo xtask test` needs beside what is already built: the test
-/// builds (the workspace's and the simulator's), the clusters' folders, the first-use
-/// demo's fresh binaries cache and Go's link of the control plane into it. Measured in a
-/// fresh clone on 2026-12-06 (docs/testing.md); with some margin.
+/// Free disk space a whole `cargo xtask test` needs beside what is already built and cached:
+/// the test builds (the workspace's and the simulator's), the clusters' folders, the
+/// first-use demo's fresh binaries cache and Go's link of the control plane into it. A
+/// fresh clone's run on 2026-12-06 used 6.2 GiB at its peak; this adds a margin.
 const TEST_DISK_GIB: u64 = 8;
 
 /// Fails at once, with what to do, when the disk holding `path` has less than `gib` GiB free:

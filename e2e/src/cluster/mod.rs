@@ -213,6 +213,10 @@ impl Cluster {
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
             .arg(format!("--initial-cluster=etcd0={peer_url}"))
             .arg("--unsafe-no-fsync=true")
+            // Room beyond etcd's default 2 GiB for `cargo xtask bench --curve` at 100,000
+            // objects: several sets of MyResources, Pods, ConfigMaps and Events, and their
+            // history until the API server compacts it (every 5 minutes).
+            .arg("--quota-backend-bytes=8589934592")
             .arg("--log-level=warn");
         self.spawn("etcd", cmd)?;
         let addr: SocketAddr = client_url.trim_start_matches("http://").parse()?;

@@ -64,6 +64,14 @@ impl CpuSplit {
         }
     }
 
+    /// CPU seconds `process` used over the phase.
+    pub(super) fn seconds_of(&self, process: &str) -> f64 {
+        self.cores
+            .iter()
+            .find(|(n, _)| n == process)
+            .map_or(0.0, |(_, cores)| cores * self.wall_seconds)
+    }
+
     pub(super) fn json(&self) -> Value {
         let cores: serde_json::Map<String, Value> = self
             .cores

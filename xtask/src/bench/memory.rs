@@ -34,6 +34,7 @@ impl Bench {
         let with_pods = followers[0].rss_bytes().unwrap_or(0) as f64;
         let empty = followers[1].rss_bytes().unwrap_or(0) as f64;
         let per_pod = (with_pods - empty) / n as f64;
+        self.report.insert("rss_bytes_empty_follower", json!(empty));
         self.report.record(
             "rss_bytes_per_cached_object",
             json!(per_pod),

@@ -18,16 +18,20 @@
 //! - [`scaleout`] (`--shard-leases [S]`, on its own): scale-out mode with 1 to 4 replicas
 //!   against the single leader;
 //! - [`scrapes`] (`--scrapes [N]`, on its own): the cost of secured metrics;
+//! - [`curve`] (`--curve N1,N2,…`, on its own): the cold start, memory, takeover and latency
+//!   sections at each N, plotted against N ([`plot`]);
 //! - [`cpu`]: CPU per process over a phase; [`objects`]: the objects measured;
 //! - [`report`]: the report, as printed lines, `report.md` and `report.json`.
 
 mod ceiling;
 mod cpu;
+mod curve;
 mod failover;
 mod latency;
 mod memory;
 mod objects;
 mod peers;
+mod plot;
 mod pods;
 mod report;
 mod scaleout;
@@ -77,6 +81,10 @@ pub struct BenchArgs {
     /// `--latency-objects` and `--failover-runs` (writes target/bench/peers/report.{json,md}).
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "2000")]
     pub peers: Option<usize>,
+    /// With `--peers`: only these peers (repeatable; `ours`, `cr`, `cr-warmup`,
+    /// `kube-runtime`, `kube-runtime-leasehold`); every peer when none is given.
+    #[arg(long = "peer", value_name = "KEY", value_parser = peers::parse_key)]
+    pub only_peers: Vec<&'static str>,
     /// Instead of everything else: scale-out mode with S shard Leases (default 12) and
     /// 1 to 4 replicas against the single leader, `--objects` MyResources, and
     /// `--failover-runs` rounds of kill, join and leave with three replicas (writes
@@ -87,10 +95,19 @@ pub struct BenchArgs {
     /// of a secured replica and of a plain one (writes target/bench/scrapes/report.{json,md}).
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "1000")]
     pub scrapes: Option<usize>,
+    /// Instead of everything else: the cold start, memory, SIGTERM and SIGKILL takeovers and
+    /// latency at each of these object counts, one after another on one control plane, with
+    /// `--latency-objects`; plotted against N (writes target/bench/curve/report.{json,md}
+    /// and one SVG per quantity).
+    #[arg(long, value_name = "N1,N2,…", value_delimiter = ',')]
+    pub curve: Vec<usize>,
 }
 
 struct Bench {
     root: PathBuf,
+    /// Appended to every namespace and logs folder: one curve point's objects and replicas
+    /// apart from another's.
+    suffix: String,
     cluster: Cluster,
     client: Client,
     binary: PathBuf,
@@ -123,6 +140,7 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
     let client = cluster.client().await?;
     let mut bench = Bench {
         root: root.to_path_buf(),
+        suffix: String::new(),
         cluster,
         client,
         binary,
@@ -132,8 +150,18 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
         (Some(binaries), Some(n), _) => {
             bench.report = Report::titled("Side by side with controller-runtime and kube-runtime");
             let runs = (args.latency_objects, args.failover_runs);
-            let result = bench.peers(binaries, n, runs.0, runs.1).await;
+            let result = bench
+                .peers(binaries, n, runs.0, runs.1, &args.only_peers)
+                .await;
             (result, root.join("target/bench/peers"))
+        }
+        (_, _, _) if !args.curve.is_empty() => {
+            bench.report = Report::titled("Cost against the number of objects");
+            let out = root.join("target/bench/curve");
+            (
+                bench.curve(&args.curve, args.latency_objects, &out).await,
+                out,
+            )
         }
         (_, _, _) if args.scrapes.is_some() => {
             bench.report = Report::titled("The cost of secured metrics");
@@ -173,8 +201,9 @@ impl Bench {
     }
 
     async fn namespace(&self, name: &str) -> Result<String> {
-        e2e::cluster::create_namespace(&self.client, name).await?;
-        Ok(name.into())
+        let name = format!("{name}{}", self.suffix);
+        e2e::cluster::create_namespace(&self.client, &name).await?;
+        Ok(name)
     }
 
     fn replica(&self, ns: &str, identity: &str, timings: &Timings) -> Result<Operator> {
@@ -189,7 +218,7 @@ impl Bench {
                 identity,
                 self.cluster.kubeconfig.clone(),
                 ns,
-                self.root.join("target/bench/logs"),
+                self.root.join("target/bench/logs").join(&self.suffix),
                 timings,
             )
         }

@@ -36,9 +36,27 @@ impl Report {
         }
     }
 
+    /// An empty report without heading: one part of a larger one (see [`Report::parts`]).
+    pub(super) fn bare() -> Report {
+        Report {
+            json: serde_json::Map::new(),
+            md: Vec::new(),
+        }
+    }
+
+    /// The fields and the Markdown lines so far.
+    pub(super) fn parts(self) -> (Value, Vec<String>) {
+        (Value::Object(self.json), self.md)
+    }
+
     /// A line of `report.md` alone, printed too.
     pub(super) fn line(&mut self, line: String) {
         println!("{line}");
+        self.md.push(line);
+    }
+
+    /// A line of `report.md` alone, not printed.
+    pub(super) fn quiet(&mut self, line: String) {
         self.md.push(line);
     }
 

@@ -18,6 +18,7 @@ use super::ceiling::Ceiling;
 use super::cpu::CpuSplit;
 use super::latency::{create_spaced, idle_latency, latencies, stamp};
 use super::objects::{create_objects, metric_sum, wait_all_ready};
+use super::takeover::Stop;
 
 /// Objects created during the cold start, 200 ms apart, to measure latency under load.
 const PROBES: usize = 20;
@@ -81,14 +82,25 @@ impl Bench {
         let idle = idle_latency(&leader, &mrs, latency_objects).await?;
 
         let cached = n + latency_objects + cold.probe_starts.len();
-        let mut takeover = self.takeover(leader, &ns, cached).await?;
+        let graceful = self
+            .takeover(leader, &ns, cached, ("throughput-b", Stop::Sigterm))
+            .await?;
 
         self.report.insert("objects", json!(n));
         self.record_ceiling(n, concurrency, &ceiling);
         self.record_cold_start(n, &ceiling, &ceiling_requests, &cold, &writes);
         self.record_latency(n, &idle, &under_load);
-        self.record_takeover(n, &takeover);
-        takeover.follower.stop();
+        self.record_takeover(n, &graceful);
+        let mut killed = self
+            .takeover(
+                graceful.follower,
+                &ns,
+                cached,
+                ("throughput-c", Stop::Sigkill),
+            )
+            .await?;
+        self.record_takeover(n, &killed);
+        killed.follower.stop();
         Ok(())
     }
 
@@ -181,6 +193,14 @@ impl Bench {
             "operator_writes_per_second",
             json!(operator_rate),
             format!("operator cold start: {n} MyResources (+{n} Pods) reconciled in {reconcile_seconds:.1} s after acquiring the Lease: {operator_writes} writes, {operator_rate:.0} writes/s, {:.2} reconciles per object", cold.reconciles / (n + PROBES) as f64),
+        );
+        self.report
+            .insert("cold_start_seconds", json!(reconcile_seconds));
+        let per_1000 = cold.cpu.seconds_of("operator") / cold.reconciles * 1000.0;
+        self.report.record(
+            "cpu_seconds_per_1000_reconciles",
+            json!(per_1000),
+            format!("operator CPU per 1,000 reconciles in the cold start (its initial LISTs included): {per_1000:.2} s"),
         );
         let ratio = operator_rate / ceiling.writes_per_second;
         self.report.record(

@@ -51,6 +51,18 @@ const SETTLE: Duration = Duration::from_secs(8);
 /// How long after a takeover the new leader's requests are counted.
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(15);
 
+/// A `--peer` argument: one of the peers' keys.
+pub(super) fn parse_key(key: &str) -> Result<&'static str, String> {
+    PEERS
+        .iter()
+        .map(|p| p.key())
+        .find(|k| *k == key)
+        .ok_or_else(|| {
+            let keys: Vec<&str> = PEERS.iter().map(|p| p.key()).collect();
+            format!("no peer {key:?}; the peers are {}", keys.join(", "))
+        })
+}
+
 impl Bench {
     /// Every peer, one after the other, in [`PASSES`] passes (the order of [`PEERS`], then
     /// the reverse), with a third of the write ceiling before, between and after them.
@@ -60,6 +72,7 @@ impl Bench {
         n: usize,
         latency_objects: usize,
         failover_runs: usize,
+        only: &[&str],
     ) -> Result<()> {
         // Replica logs are appended to; an earlier run's lines must not be read as this run's.
         let _ = std::fs::remove_dir_all(self.root.join("target/bench/peers/logs"));
@@ -84,6 +97,7 @@ impl Bench {
         let mut passes = Vec::new();
         for pass in 1..=PASSES {
             let mut order = PEERS.to_vec();
+            order.retain(|p| only.is_empty() || only.contains(&p.key()));
             if pass % 2 == 0 {
                 order.reverse();
             }
@@ -129,8 +143,9 @@ impl Bench {
         }
         let report: Vec<Value> = passes.iter().map(table::Pass::json).collect();
         self.report.insert("passes", json!(report));
+        let peers: String = only.iter().map(|k| format!(" --peer {k}")).collect();
         let command = format!(
-            "cargo xtask bench --peers {n} --latency-objects {latency_objects} --failover-runs {failover_runs}"
+            "cargo xtask bench --peers {n} --latency-objects {latency_objects} --failover-runs {failover_runs}{peers}"
         );
         self.report.insert("command", json!(command));
         for line in table::markdown(&passes, n, &command) {
