@@ -358,7 +358,7 @@ fn reviews_by(env: &TestEnv, op: &Operator) -> Result<usize> {
 #[tokio::test]
 async fn metrics_are_served_over_tls_to_authorised_scrapers_only() -> Result<()> {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let env = harness::setup("metrics-tls").await?;
+    let env = harness::setup_traced("metrics-tls").await?;
     // The mounted-certificate path, with a certificate this test trusts.
     let certs = env.log_dir().join(format!("{}-tls", env.namespace));
     std::fs::create_dir_all(&certs)?;
