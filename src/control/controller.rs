@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use opentelemetry::trace::{SpanContext, TraceContextExt};
+use opentelemetry::trace::SpanContext;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -32,6 +32,7 @@ use crate::control::partition::{Shard, Shards, shard_of};
 use crate::control::queue::Outcome;
 use crate::control::reconcile::{Context, Error, reconcile};
 use crate::infra::metrics::{Metrics, QueueState, ReconcileResult};
+use crate::infra::telemetry::span_context;
 use crate::key::ObjectKey;
 use kube_leasehold::scaleout::shard_key::ShardKey;
 
@@ -73,7 +74,7 @@ impl Sink for Controller {
         }
         let span =
             tracing::info_span!("watch.event", trigger = trigger.as_str(), myresource = %key);
-        let context = span.context().span().span_context().clone();
+        let context = span_context(&span);
         debug!(parent: &span, myresource = %key, trigger = trigger.as_str(), "enqueued");
         self.causes.lock().expect("causes lock").insert(
             key.clone(),

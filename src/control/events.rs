@@ -43,7 +43,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use kube_leasehold::fence::{Fence, is_fenced};
-use opentelemetry::trace::{SpanContext, TraceContextExt};
+use opentelemetry::trace::SpanContext;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, warn};
@@ -334,8 +334,9 @@ impl Publisher {
         }
     }
 
-    /// Publishes one occurrence of an event about `regarding`.
-    pub async fn publish(
+    /// Publishes one occurrence of an event about `regarding`, now: only for the term's
+    /// publisher ([`Publisher::run_term`]), which checks the fence first.
+    async fn publish(
         &self,
         regarding: &ObjectReference,
         type_: EventType,
@@ -431,15 +432,6 @@ impl Publisher {
 pub fn counted(metrics: &Arc<Metrics>) -> impl Fn(Fate) + Send + Sync + 'static {
     let metrics = metrics.clone();
     move |fate| metrics.event(fate.as_str())
-}
-
-/// The span context of the current span, for [`Pending::cause`].
-pub fn current_cause() -> SpanContext {
-    tracing::Span::current()
-        .context()
-        .span()
-        .span_context()
-        .clone()
 }
 
 #[cfg(test)]

@@ -30,8 +30,9 @@ use tracing::{debug, info};
 
 use crate::cache::Caches;
 use crate::control::echo::{Echoes, Kind};
-use crate::control::events::{EventType, Pending, Publisher, current_cause};
+use crate::control::events::{EventType, Pending, Publisher};
 use crate::control::queue::Outcome;
+use crate::infra::telemetry::span_context;
 use crate::key::ObjectKey;
 use crate::resource::{
     FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL, MyResource, MyResourceStatus, PodCounts,
@@ -534,7 +535,7 @@ fn publish(ctx: &Context, mr: &MyResource, type_: EventType, reason: &'static st
         type_,
         reason,
         note: note.into(),
-        cause: current_cause(),
+        cause: span_context(&tracing::Span::current()),
     });
 }
 

@@ -14,7 +14,7 @@ use std::fmt;
 use std::io::IsTerminal;
 
 use anyhow::{Context, Result};
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
 use opentelemetry::{KeyValue, global};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
@@ -75,6 +75,12 @@ fn quiet_kube_request_errors(directives: &str) -> String {
 
 /// Installs the global subscriber (and, with an OTLP endpoint, the exporter). Call inside
 /// the tokio runtime: the gRPC exporter needs it.
+/// The OpenTelemetry context of `span` (invalid when tracing is off): for span links and
+/// the trace ids of log lines.
+pub fn span_context(span: &tracing::Span) -> SpanContext {
+    span.context().span().span_context().clone()
+}
+
 pub fn init(level: &str, format: Option<LogFormat>, identity: Identity<'_>) -> Result<Telemetry> {
     let directives = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.is_empty() => directives,
@@ -191,8 +197,7 @@ where
         event.record(&mut JsonVisitor(&mut line));
         if let Some(span) = ctx.lookup_current() {
             line.insert("span".into(), span.name().into());
-            let context = tracing::Span::current().context();
-            let span_context = context.span().span_context().clone();
+            let span_context = span_context(&tracing::Span::current());
             if span_context.is_valid() {
                 line.insert(
                     "trace_id".into(),
