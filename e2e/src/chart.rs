@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use crate::cluster::{Cluster, ClusterConfig, NODES_DIR};
 use crate::node::image::Image;
 use crate::operator::workspace_root;
 use crate::process::Lifetime;
@@ -29,20 +29,23 @@ pub fn helm(kubeconfig: &Path, home: &Path) -> Result<Command> {
     Ok(cmd)
 }
 
-/// Builds the operator's image, starts a cluster with a node in `dir` (tied to this
-/// process) and loads the image into the node, ready for [`install`]; the cluster is
+/// Builds the operator's image, starts a cluster with `nodes` nodes in `dir` (tied to this
+/// process) and loads the image into every node, ready for [`install`]; the cluster is
 /// stopped again if loading fails.
-pub async fn cluster_with_image(dir: PathBuf) -> Result<(Cluster, Image)> {
+pub async fn cluster_with_image(dir: PathBuf, nodes: u8) -> Result<(Cluster, Image)> {
     let image = crate::operator_image::build()?.image;
-    let mut cluster = Cluster::start_with_node(ClusterConfig {
-        dir,
-        otlp_endpoint: None,
-        lifetime: Lifetime::TiedToThisProcess,
-        crds: Vec::new(),
-        shard_selector: true,
-    })
+    let mut cluster = Cluster::start_with_nodes(
+        ClusterConfig {
+            dir,
+            otlp_endpoint: None,
+            lifetime: Lifetime::TiedToThisProcess,
+            crds: Vec::new(),
+            shard_selector: true,
+        },
+        nodes,
+    )
     .await?;
-    if let Err(err) = crate::node::import_into(&cluster.dir.join(NODE_DIR), &image) {
+    if let Err(err) = crate::node::import_into(&cluster.dir.join(NODES_DIR), &image) {
         cluster.stop();
         return Err(err);
     }

@@ -29,8 +29,9 @@ pub struct Shared {
     /// The Jaeger that the API server (and traced operators) send spans to, when the test
     /// binary asked for tracing with [`setup_traced`].
     pub jaeger: Option<JaegerEndpoints>,
-    /// The real node's folder, when the test binary asked for one with [`setup_with_node`].
-    pub node_dir: Option<PathBuf>,
+    /// The real node's folder (`nodes/`, one node), when the test binary asked for one with
+    /// [`setup_with_node`].
+    pub nodes_dir: Option<PathBuf>,
 }
 
 /// Where a Jaeger listens.
@@ -200,7 +201,7 @@ pub async fn setup_with_node(prefix: &str) -> Result<TestEnv> {
     WITH_NODE.store(true, Ordering::SeqCst);
     let env = setup(prefix).await?;
     anyhow::ensure!(
-        env.shared.node_dir.is_some(),
+        env.shared.nodes_dir.is_some(),
         "the shared cluster was started without a node"
     );
     Ok(env)
@@ -257,7 +258,7 @@ fn start() -> Result<Shared> {
             audit_log: None,
             server: String::new(),
             jaeger: None,
-            node_dir: None,
+            nodes_dir: None,
         });
     }
     let dir = std::env::temp_dir().join(format!("myresource-e2e-{}", std::process::id()));
@@ -288,7 +289,7 @@ fn start() -> Result<Shared> {
                     None
                 };
                 let cluster = if with_node {
-                    Cluster::start_with_node(config).await?
+                    Cluster::start_with_nodes(config, 1).await?
                 } else {
                     Cluster::start(config).await?
                 };
@@ -305,7 +306,7 @@ fn start() -> Result<Shared> {
             otlp_grpc: j.otlp_grpc,
             api: j.api,
         }),
-        node_dir: with_node.then(|| cluster.dir.join(crate::cluster::NODE_DIR)),
+        nodes_dir: with_node.then(|| cluster.dir.join(crate::cluster::NODES_DIR)),
     };
     *CLUSTER.lock().expect("cluster lock") = Some(cluster);
     *JAEGER.lock().expect("jaeger lock") = jaeger;

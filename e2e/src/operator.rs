@@ -167,10 +167,15 @@ impl Operator {
         })
     }
 
-    /// Waits until `/readyz` answers 200 (caches synced).
+    /// Waits up to 30 s until `/readyz` answers 200 (caches synced).
     pub async fn wait_ready(&mut self) -> Result<()> {
+        self.wait_ready_within(Duration::from_secs(30)).await
+    }
+
+    /// Waits up to `limit` until `/readyz` answers 200: a replica with many objects to list
+    /// needs longer than [`Operator::wait_ready`] gives.
+    pub async fn wait_ready_within(&mut self, limit: Duration) -> Result<()> {
         let addr = self.health;
-        let limit = Duration::from_secs(30);
         let deadline = std::time::Instant::now() + limit;
         loop {
             if http_get(addr, "/readyz")

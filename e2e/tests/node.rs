@@ -65,9 +65,9 @@ fn kubectl(env: &TestEnv) -> Result<Command> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_runs_as_users_run_it() -> Result<()> {
     let env = harness::setup_with_node("node").await?;
-    let node_dir = env.shared.node_dir.clone().context("a node")?;
+    let nodes_dir = env.shared.nodes_dir.clone().context("a node")?;
     let built = e2e::operator_image::build()?;
-    e2e::node::import_into(&node_dir, &built.image)?;
+    e2e::node::import_into(&nodes_dir, &built.image)?;
 
     // 1. helm install: default values apart from the image.
     e2e::chart::install(

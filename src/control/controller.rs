@@ -5,6 +5,8 @@
 //! - followers enqueue nothing (their caches stay warm, their queues empty);
 //! - a term starts by marking its shards led and then enqueuing every key of theirs in the
 //!   warm MyResource cache (no LIST, no waiting), so no change between the two is missed;
+//!   the keys go in by chunks of [`ENQUEUE_CHUNK`] beside the running workers, so the first
+//!   reconcile does not wait for the last of 100,000 keys to be queued;
 //! - a term ends by cancelling the workers and clearing its queues; a reconcile in flight
 //!   may finish for [`FINISH_AFTER_CANCEL`] (the fence is closed by then, so it writes
 //!   nothing new, and the writes it sent get their answers, so the release need not wait
@@ -39,6 +41,11 @@ use kube_leasehold::scaleout::shard_key::ShardKey;
 /// How long a reconcile in flight when its term ends may go on: enough for the answers to
 /// the writes it sent (a reconcile takes milliseconds), bounded for one stuck on a read.
 pub const FINISH_AFTER_CANCEL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keys a takeover queues before it lets the workers run: small enough that the first
+/// reconcile starts within microseconds, large enough that queueing 100,000 keys costs
+/// no more than a few hundred task switches.
+const ENQUEUE_CHUNK: usize = 256;
 
 /// Why a key was last enqueued, and the span of that watch event.
 #[derive(Debug, Clone)]
@@ -166,18 +173,30 @@ impl Controller {
             shard = only,
             "leading: enqueuing every cached MyResource"
         );
-        for key in keys {
-            if let Some(shard) = only.or_else(|| self.shard_of(&key)) {
-                self.enqueue(shard, key);
-            }
-        }
         let workers = (workers_per_shard * shards.len()) as i64;
         self.metrics.workers_changed(workers);
         let takeover = Takeover {
             acquired,
             lease,
             first_done: AtomicBool::new(false),
+            enqueued: AtomicBool::new(false),
             drained_done: AtomicBool::new(false),
+        };
+        let enqueuing = async {
+            let mut keys = keys.into_iter().peekable();
+            while keys.peek().is_some() {
+                if cancel.is_cancelled() {
+                    return;
+                }
+                for key in keys.by_ref().take(ENQUEUE_CHUNK) {
+                    if let Some(shard) = only.or_else(|| self.shard_of(&key)) {
+                        self.enqueue(shard, key);
+                    }
+                }
+                // Let the workers begin on what is queued.
+                tokio::task::yield_now().await;
+            }
+            takeover.enqueued(&shards, &self.metrics);
         };
         let running = shards.iter().flat_map(|shard| {
             let (ctx, cancel, takeover, shards) = (ctx.clone(), cancel.clone(), &takeover, &shards);
@@ -194,7 +213,7 @@ impl Controller {
         let events = ctx.events.run_term(&ctx.fence, workers as usize, async {
             let _ = workers_stopped.await;
         });
-        futures::future::join(working, events).await;
+        futures::future::join3(enqueuing, working, events).await;
         for shard in &shards {
             self.leading[shard.index].store(false, Ordering::SeqCst);
             shard.queue().clear();
@@ -283,30 +302,52 @@ impl Controller {
     }
 }
 
-/// Measures the takeover: from acquiring to the first reconcile and to empty queues.
+/// Measures the takeover: from acquiring to the first reconcile, to every cached key
+/// queued, and to empty queues (once every key was queued).
 struct Takeover<'a> {
     acquired: Instant,
     lease: &'a str,
     first_done: AtomicBool,
+    enqueued: AtomicBool,
     drained_done: AtomicBool,
 }
 
 impl Takeover<'_> {
+    fn gauge(&self, metrics: &Metrics, phase: &'static str) -> f64 {
+        let seconds = self.acquired.elapsed().as_secs_f64();
+        metrics.takeover(self.lease, phase, seconds);
+        seconds
+    }
+
+    /// Every cached key is queued: the drain can be judged from here on.
+    fn enqueued(&self, shards: &[&Shard], metrics: &Metrics) {
+        let seconds = self.gauge(metrics, "enqueued");
+        info!(
+            lease = self.lease,
+            seconds, "takeover enqueued every cached key"
+        );
+        self.enqueued.store(true, Ordering::SeqCst);
+        self.drained(shards, metrics);
+    }
+
+    /// After a reconcile: the first one, and the drain.
     fn observe(&self, shards: &[&Shard], metrics: &Metrics) {
-        let gauge =
-            |phase| metrics.takeover(self.lease, phase, self.acquired.elapsed().as_secs_f64());
         if !self.first_done.swap(true, Ordering::SeqCst) {
-            gauge("first_reconcile");
+            self.gauge(metrics, "first_reconcile");
         }
-        if !self.drained_done.load(Ordering::SeqCst)
+        self.drained(shards, metrics);
+    }
+
+    fn drained(&self, shards: &[&Shard], metrics: &Metrics) {
+        if self.enqueued.load(Ordering::SeqCst)
+            && !self.drained_done.load(Ordering::SeqCst)
             && shards.iter().map(|s| s.pending()).sum::<usize>() == 0
             && !self.drained_done.swap(true, Ordering::SeqCst)
         {
-            gauge("drained");
+            let seconds = self.gauge(metrics, "drained");
             info!(
                 lease = self.lease,
-                seconds = self.acquired.elapsed().as_secs_f64(),
-                "takeover drained: every cached key reconciled once"
+                seconds, "takeover drained: every cached key reconciled once"
             );
         }
     }

@@ -245,7 +245,7 @@ impl Metrics {
             );
             r.register(
                 "myresource_operator_takeover_seconds",
-                "Last takeover: seconds from acquiring the Lease to the first reconcile (phase=first_reconcile) and to an empty queue (phase=drained)",
+                "Last takeover: seconds from acquiring the Lease to the first reconcile (phase=first_reconcile), to every cached key queued (phase=enqueued) and to an empty queue (phase=drained)",
                 m.takeover_seconds.clone(),
             );
             r.register(

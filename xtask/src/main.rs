@@ -23,7 +23,7 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum as _};
 
 mod bench;
 mod chaos;
@@ -66,7 +66,7 @@ enum Task {
         args: Vec<String>,
     },
     /// Build the operator's container image (as deploy/Dockerfile makes it) without Docker
-    /// and load it into the node of the cluster in DIR (`cluster up --node`); prints the
+    /// and load it into the nodes of the cluster in DIR (`cluster up --nodes`); prints the
     /// image reference on its last line.
     Image {
         #[arg(long, default_value_os_t = default_cluster_dir())]
@@ -94,10 +94,22 @@ enum ClusterAction {
         /// OTLP gRPC endpoint (host:port) that kube-apiserver sends its traces to.
         #[arg(long)]
         otlp_endpoint: Option<String>,
-        /// Also run a real node (containerd, runc, CNI bridge, kubelet, kube-proxy,
-        /// kube-scheduler) so Pods run; `cluster down` removes every trace of it.
-        #[arg(long)]
-        node: bool,
+        /// Also run N real nodes (1 when the number is left out), each in a network
+        /// namespace of its own (containerd, runc, CNI bridge, kubelet, kube-proxy; and a
+        /// kube-scheduler) so Pods run; `cluster down` removes every trace of them.
+        #[arg(long, alias = "node", num_args = 0..=1, default_missing_value = "1", value_name = "N")]
+        nodes: Option<u8>,
+    },
+    /// A node-level fault on node NAME (`mro-node-1` …) of the cluster in DIR: `partition`
+    /// cuts the node (kubelet and Pods alike) off from the API server and the other nodes,
+    /// `heal` undoes it, `stop` powers it off (every process of it killed at once), `start`
+    /// boots it again under the same name and waits until it is Ready.
+    Node {
+        name: String,
+        #[arg(value_enum)]
+        fault: Fault,
+        #[arg(long, default_value_os_t = default_cluster_dir())]
+        dir: PathBuf,
     },
     /// Stop the control plane started in DIR and remove DIR.
     Down {
@@ -116,6 +128,25 @@ enum ClusterAction {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
+enum Fault {
+    Partition,
+    Heal,
+    Stop,
+    Start,
+}
+
+impl From<Fault> for e2e::cluster::NodeFault {
+    fn from(fault: Fault) -> Self {
+        match fault {
+            Fault::Partition => Self::Partition,
+            Fault::Heal => Self::Heal,
+            Fault::Stop => Self::Stop,
+            Fault::Start => Self::Start,
+        }
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
 enum ProbeStep {
     Runc,
     Kubelet,
@@ -124,7 +155,7 @@ enum ProbeStep {
 /// `cargo xtask image`: build, load, and say what was loaded.
 fn image(dir: &Path) -> Result<()> {
     let built = e2e::operator_image::build()?;
-    let archive = e2e::node::import_into(&dir.join(cluster::NODE_DIR), &built.image)?;
+    let archive = e2e::node::import_into(&dir.join(cluster::NODES_DIR), &built.image)?;
     println!(
         "loaded into the node in {}: binary {:.1} MiB, image archive {:.1} MiB",
         dir.display(),
@@ -164,9 +195,22 @@ fn run(cli: Cli) -> Result<()> {
                 ClusterAction::Up {
                     dir,
                     otlp_endpoint,
-                    node,
+                    nodes,
                 },
-        } => runtime.block_on(cluster_up(dir, otlp_endpoint, node)),
+        } => runtime.block_on(cluster_up(dir, otlp_endpoint, nodes)),
+        Task::Cluster {
+            action: ClusterAction::Node { name, fault, dir },
+        } => runtime.block_on(async {
+            let mut recorded = cluster::Recorded::open(&dir)?;
+            let started = Instant::now();
+            cluster::faults::apply(&mut recorded, &name, fault.into()).await?;
+            eprintln!(
+                "{name}: {} done in {:.1} s",
+                fault.to_possible_value().expect("a value").get_name(),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }),
         Task::Cluster {
             action: ClusterAction::Down { dir },
         } => {
@@ -263,7 +307,7 @@ fn release_self() -> Result<()> {
     Ok(())
 }
 
-async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>, node: bool) -> Result<()> {
+async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>, nodes: Option<u8>) -> Result<()> {
     let started = Instant::now();
     let config = ClusterConfig {
         dir,
@@ -272,15 +316,14 @@ async fn cluster_up(dir: PathBuf, otlp_endpoint: Option<String>, node: bool) -> 
         crds: Vec::new(),
         shard_selector: true,
     };
-    let cluster = if node {
-        Cluster::start_with_node(config).await?
-    } else {
-        Cluster::start(config).await?
+    let cluster = match nodes {
+        Some(n) => Cluster::start_with_nodes(config, n).await?,
+        None => Cluster::start(config).await?,
     };
-    if node {
+    if nodes.is_some() {
         eprintln!(
-            "node {} Ready; the kubernetes Service answers from the host and from a Pod",
-            e2e::node::NODE_NAME
+            "nodes {} Ready; the kubernetes Service answers from a Pod on each",
+            cluster.node_names().join(", ")
         );
     }
     eprintln!(

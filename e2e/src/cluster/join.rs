@@ -1,103 +1,166 @@
-//! Joining the node to a running control plane (docs/node-facts.md, step 3): kube-scheduler,
-//! containerd, the kubelet and kube-proxy, each with a client certificate from the
-//! cluster's CA; then the proofs: the Node is Ready, the `kubernetes` Service answers at its
-//! Service address from the host, and from inside a Pod's network namespace.
+//! Joining nodes to a running control plane (docs/node-facts.md, step 3): kube-scheduler
+//! beside the control plane; on each node, in its network namespace, containerd, the
+//! kubelet and kube-proxy, each with a client certificate from the cluster's CA and the
+//! API server at the host bridge's address; then the proofs: every Node is Ready, and the
+//! `kubernetes` Service answers at its Service address from inside a Pod on each node.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
-use kube::Api;
 use kube::api::{DeleteParams, LogParams, PostParams};
+use kube::{Api, Client};
 use serde_json::json;
 
-use super::Cluster;
+use super::{Cluster, Supervisor};
 use crate::kubeconfig::write_kubeconfig;
+use crate::node::image::Image;
 use crate::node::probe::{self, PROBE_IMAGE};
-use crate::node::{NODE_NAME, Node, network};
+use crate::node::{Node, fabric};
 
-/// Starts the node's processes through `cluster` (so they are recorded, tied to its
-/// lifetime and stopped by it) and waits for the proofs above.
-pub async fn join(cluster: &mut Cluster, node: &Node) -> Result<()> {
-    let dir = node.dir.clone();
+/// Starts kube-scheduler and every node's processes through `cluster` (so they are
+/// recorded, tied to its lifetime and stopped by it) and waits for the proofs above.
+pub async fn join(cluster: &mut Cluster, nodes: &[Node]) -> Result<()> {
     let server = cluster.server.clone();
     let ca = cluster.ca_cert().to_path_buf();
-    let kubeconfig_for =
-        |stem: &str, user: &str, group: Option<&str>| -> Result<std::path::PathBuf> {
-            let cert = cluster.issue_client(stem, user, group)?;
-            let path = dir.join(format!("{stem}.kubeconfig"));
-            write_kubeconfig(&path, &server, &ca, user, &cert)?;
-            Ok(path)
-        };
-    let scheduler_kc = kubeconfig_for("kube-scheduler", "system:kube-scheduler", None)?;
-    let kubelet_kc = kubeconfig_for(
-        "kubelet",
-        &format!("system:node:{NODE_NAME}"),
-        Some("system:nodes"),
-    )?;
-    let proxy_kc = kubeconfig_for("kube-proxy", "system:kube-proxy", None)?;
-
-    let mut scheduler = Command::new(&node.bin.kube_scheduler);
+    let scheduler_kc = cluster.dir.join("kube-scheduler.kubeconfig");
+    let cert = cluster.issue_client("kube-scheduler", "system:kube-scheduler", None)?;
+    write_kubeconfig(&scheduler_kc, &server, &ca, "system:kube-scheduler", &cert)?;
+    let mut scheduler = Command::new(&nodes[0].bin.kube_scheduler);
     scheduler
         .arg(format!("--kubeconfig={}", scheduler_kc.display()))
         .arg("--leader-elect=false")
         .arg("--secure-port=0");
     cluster.spawn("kube-scheduler", scheduler)?;
 
-    cluster.spawn("containerd", node.containerd_command()?)?;
-    node.runtime.wait_ready(&node.bin, || {
-        cluster
-            .process("containerd")
-            .context("containerd")?
-            .ensure_running()
-    })?;
-    node.import_pause()?;
-    node.import(&probe::probe_image(&dir.join("probe"))?)?;
-
-    let kubelet = probe::kubelet_settings(node, Some((kubelet_kc, ca.clone())), None);
-    cluster.spawn("kubelet", kubelet.command(&node.bin)?)?;
-    cluster.spawn("kube-proxy", kube_proxy_command(node, &proxy_kc)?)?;
-
+    // The nodes reach the API server from their namespaces: at the host bridge's address.
+    let port = server
+        .rsplit_once(':')
+        .map(|(_, port)| port.to_string())
+        .context("the API server's port")?;
+    let node_server = format!("https://{}:{port}", fabric::HOST_ADDRESS);
+    let probe = probe::probe_image(&cluster.dir.join(super::NODES_DIR).join("probe"))?;
+    for node in nodes {
+        std::fs::copy(&ca, ca_file(node))?;
+        for (part, user, group) in [
+            (
+                "kubelet",
+                format!("system:node:{}", node.name),
+                Some("system:nodes"),
+            ),
+            ("kube-proxy", "system:kube-proxy".to_string(), None),
+        ] {
+            let cert = cluster.issue_client(&node.process_name(part), &user, group)?;
+            write_kubeconfig(&kubeconfig(node, part), &node_server, &ca, &user, &cert)?;
+        }
+        boot(cluster, node, std::slice::from_ref(&probe))?;
+    }
+    wait_ready(cluster, nodes).await?;
     let client = cluster.client().await?;
-    let nodes: Api<KubeNode> = Api::all(client.clone());
-    cluster
-        .wait_until("the node to be Ready and untainted", || {
-            let nodes = nodes.clone();
-            async move {
-                let Some(n) = nodes.get_opt(NODE_NAME).await? else {
-                    return Ok(false);
-                };
-                let ready = n
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                let tainted = n.spec.and_then(|s| s.taints).is_some_and(|t| !t.is_empty());
-                Ok(ready && !tainted)
+    let mut checks = tokio::task::JoinSet::new();
+    for node in nodes {
+        checks.spawn(service_from_pod(client.clone(), node.name.clone()));
+    }
+    while let Some(outcome) = checks.join_next().await {
+        eprintln!("{}", outcome??);
+    }
+    Ok(())
+}
+
+fn kubeconfig(node: &Node, part: &str) -> PathBuf {
+    node.dir.join(format!("{part}.kubeconfig"))
+}
+
+/// The cluster's CA as the node keeps it (the kubelet checks client certificates with it).
+fn ca_file(node: &Node) -> PathBuf {
+    node.dir.join("ca.crt")
+}
+
+/// Starts `node`'s containerd (and imports `images` plus the sandbox image into it), its
+/// kubelet and kube-proxy, each in the node's network namespace, through `sup`. The
+/// kubeconfigs and the CA are the ones [`join`] wrote into the node's folder: booting a
+/// powered-off node again uses them as they are.
+pub(super) fn boot(sup: &mut dyn Supervisor, node: &Node, images: &[Image]) -> Result<()> {
+    let containerd = node.process_name("containerd");
+    sup.spawn(&containerd, node.containerd_command()?)?;
+    node.runtime
+        .wait_ready(&node.bin, || sup.ensure_running(&containerd))?;
+    node.import_pause()?;
+    for image in images {
+        node.import(image)?;
+    }
+    let kubelet = probe::kubelet_settings(
+        node,
+        Some((kubeconfig(node, "kubelet"), ca_file(node))),
+        None,
+    );
+    let mut cmd = kubelet.command(&node.bin)?;
+    node.network.enter(&mut cmd)?;
+    sup.spawn(&node.process_name("kubelet"), cmd)?;
+    let mut cmd = kube_proxy_command(node, &kubeconfig(node, "kube-proxy"))?;
+    node.network.enter(&mut cmd)?;
+    sup.spawn(&node.process_name("kube-proxy"), cmd)
+}
+
+/// Waits (up to 120 s) until every one of `nodes` is Ready and untainted; fails early, with
+/// its log's tail, when one of their processes exits.
+pub(super) async fn wait_ready(sup: &mut dyn Supervisor, nodes: &[Node]) -> Result<()> {
+    let client = crate::kubeconfig::client_for(sup.kubeconfig()).await?;
+    let api: Api<KubeNode> = Api::all(client);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut waiting: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    loop {
+        let mut still = Vec::new();
+        for name in waiting {
+            if !ready_and_untainted(&api, &name).await.unwrap_or(false) {
+                still.push(name);
             }
-        })
-        .await?;
-    service_from_host(cluster).await?;
-    service_from_pod(cluster).await
+        }
+        waiting = still;
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        for node in nodes {
+            for part in crate::node::PARTS {
+                sup.ensure_running(&node.process_name(part))?;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("nodes {waiting:?} not Ready and untainted after 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn ready_and_untainted(api: &Api<KubeNode>, name: &str) -> Result<bool> {
+    let Some(n) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let ready = n
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let tainted = n.spec.and_then(|s| s.taints).is_some_and(|t| !t.is_empty());
+    Ok(ready && !tainted)
 }
 
 fn kube_proxy_command(node: &Node, kubeconfig: &Path) -> Result<Command> {
-    let metrics = crate::ports::free_port()?;
-    let healthz = crate::ports::free_port()?;
     let config = json!({
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": kubeconfig},
         "mode": "iptables",
-        "clusterCIDR": network::POD_CIDR,
-        "hostnameOverride": NODE_NAME,
-        "bindAddress": network::GATEWAY,
-        "healthzBindAddress": format!("127.0.0.1:{healthz}"),
-        "metricsBindAddress": format!("127.0.0.1:{metrics}"),
-        "nodePortAddresses": [format!("{}/32", network::GATEWAY)],
+        "clusterCIDR": fabric::CLUSTER_CIDR,
+        "hostnameOverride": node.name,
+        "bindAddress": node.network.address,
+        // The node's own namespace: the ports upstream uses.
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "nodePortAddresses": [format!("{}/32", node.network.address)],
         "oomScoreAdj": 0,
         // Leave the machine's conntrack settings alone, as k3s does.
         "conntrack": {
@@ -115,36 +178,18 @@ fn kube_proxy_command(node: &Node, kubeconfig: &Path) -> Result<Command> {
     Ok(cmd)
 }
 
-/// `GET /readyz` through the Service address 10.0.0.1:443 (kube-proxy's DNAT), from the
-/// host, with the admin identity: the serving certificate must carry that IP.
-async fn service_from_host(cluster: &Cluster) -> Result<()> {
-    let mut config = crate::kubeconfig::config_for(&cluster.kubeconfig).await?;
-    config.cluster_url = format!("https://{}:443", network::KUBERNETES_SERVICE_IP).parse()?;
-    let client = kube::Client::try_from(config)?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let req = http::Request::get("/readyz").body(Vec::new())?;
-        match client.request_text(req).await {
-            Ok(body) if body == "ok" => return Ok(()),
-            outcome if Instant::now() > deadline => {
-                bail!("the kubernetes Service did not answer from the host: {outcome:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
-/// A Pod on the node connects to 10.0.0.1:443 and sends plain HTTP; the API server's TLS
-/// listener answers `400 Bad Request`, which proves the path Pod → Service → API server.
-async fn service_from_pod(cluster: &Cluster) -> Result<()> {
-    let client = cluster.client().await?;
+/// A Pod on node `node` connects to 10.0.0.1:443 and sends plain HTTP; the API server's
+/// TLS listener answers `400 Bad Request`, which proves the path Pod → Service (the node's
+/// kube-proxy) → host bridge → API server. Returns a line to print.
+async fn service_from_pod(client: Client, node: String) -> Result<String> {
     let pods: Api<Pod> = Api::namespaced(client, "default");
-    let name = "node-check-service";
+    let name = format!("node-check-{node}");
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
+            "nodeName": node,
             "restartPolicy": "Never",
             "automountServiceAccountToken": false,
             "securityContext": {
@@ -155,18 +200,18 @@ async fn service_from_pod(cluster: &Cluster) -> Result<()> {
                 "name": "probe",
                 "image": PROBE_IMAGE,
                 "imagePullPolicy": "Never",
-                "args": ["connect", network::KUBERNETES_SERVICE_IP, "443"],
+                "args": ["connect", fabric::KUBERNETES_SERVICE_IP, "443"],
                 "resources": {"limits": {"memory": "32Mi", "cpu": "100m"}},
                 "securityContext": {"allowPrivilegeEscalation": false}
             }]
         }
     }))?;
-    let _ = pods.delete(name, &DeleteParams::default()).await;
+    let _ = pods.delete(&name, &DeleteParams::default()).await;
     pods.create(&PostParams::default(), &pod).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     let phase = loop {
         let phase = pods
-            .get(name)
+            .get(&name)
             .await?
             .status
             .and_then(|s| s.phase)
@@ -175,16 +220,15 @@ async fn service_from_pod(cluster: &Cluster) -> Result<()> {
             break phase;
         }
         if Instant::now() > deadline {
-            bail!("the check Pod is still {phase:?} after 120 s");
+            bail!("the check Pod on {node} is still {phase:?} after 120 s");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let log = pods.logs(name, &LogParams::default()).await?;
+    let log = pods.logs(&name, &LogParams::default()).await?;
     ensure!(
         phase == "Succeeded" && log.contains("400 Bad Request"),
-        "the check Pod ({phase}) did not reach the API server through the Service: {log}"
+        "the check Pod on {node} ({phase}) did not reach the API server through the Service: {log}"
     );
-    pods.delete(name, &DeleteParams::default()).await?;
-    eprintln!("from a Pod: {}", log.trim());
-    Ok(())
+    pods.delete(&name, &DeleteParams::default()).await?;
+    Ok(format!("from a Pod on {node}: {}", log.trim()))
 }

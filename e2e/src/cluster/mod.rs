@@ -10,7 +10,10 @@
 //!   refused as long as any process named there is alive.
 //! - [`Cluster::stop`] ends every process it started and removes the folder.
 
+pub mod faults;
 mod join;
+
+pub use faults::{NodeFault, Recorded, Supervisor};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -72,46 +75,54 @@ pub struct Cluster {
     processes: Vec<Process>,
     /// How each component was started, for [`Cluster::restart`].
     commands: std::collections::HashMap<String, (std::ffi::OsString, Vec<std::ffi::OsString>)>,
-    /// The real node's folder, when the cluster has one ([`Cluster::start_with_node`]).
-    node: Option<PathBuf>,
+    /// The real nodes' folder and how many there are ([`Cluster::start_with_nodes`]).
+    nodes: Option<(PathBuf, u8)>,
 }
 
 const RECORD: &str = "cluster.json";
 const CONTROLLERS: &str = "garbage-collector-controller,deployment-controller,\
 replicaset-controller,namespace-controller,serviceaccount-controller";
-/// With a real node, also: lifting the not-ready taint, `kube-root-ca.crt` in every
-/// namespace, EndpointSlices for Services, and PodDisruptionBudgets.
-const NODE_CONTROLLERS: &str = ",node-lifecycle-controller,\
+/// With real nodes, also: the node lifecycle (the not-ready taint lifted, a silent node
+/// declared lost and tainted), evicting the Pods of a tainted node once their tolerations
+/// run out, `kube-root-ca.crt` in every namespace, EndpointSlices for Services, and
+/// PodDisruptionBudgets.
+const NODE_CONTROLLERS: &str = ",node-lifecycle-controller,taint-eviction-controller,\
 root-ca-certificate-publisher-controller,endpointslice-controller,disruption-controller";
-/// The folder of a cluster's node, below the cluster's.
-pub const NODE_DIR: &str = "node";
+/// The folder of a cluster's nodes (and of their network's record), below the cluster's.
+pub const NODES_DIR: &str = "nodes";
 
 impl Cluster {
     /// Starts etcd, kube-apiserver and kube-controller-manager; see the module invariants.
     pub async fn start(config: ClusterConfig) -> Result<Cluster> {
-        Cluster::start_inner(config, false).await
+        Cluster::start_inner(config, 0).await
     }
 
-    /// As [`Cluster::start`], plus a real node ([`crate::node`]): the API server advertises
-    /// the Pod bridge's address (listening on every address, filtered to loopback and the
-    /// bridge), serves the `kubernetes` Service with endpoints, authorises with Node,RBAC
-    /// and admits ServiceAccounts; kube-scheduler, containerd, the kubelet and kube-proxy
-    /// join. Returns when the node is Ready and the `kubernetes` Service answers from the
-    /// host and from a Pod.
-    pub async fn start_with_node(config: ClusterConfig) -> Result<Cluster> {
-        Cluster::start_inner(config, true).await
+    /// As [`Cluster::start`], plus `count` real nodes ([`crate::node`]): the API server
+    /// advertises the host bridge's address (listening on every address, filtered to
+    /// loopback and the bridge), serves the `kubernetes` Service with endpoints, authorises
+    /// with Node,RBAC and admits ServiceAccounts; kube-scheduler runs beside it, and each
+    /// node's containerd, kubelet and kube-proxy join from the node's network namespace.
+    /// Returns when every node is Ready and the `kubernetes` Service answers from a Pod on
+    /// each.
+    pub async fn start_with_nodes(config: ClusterConfig, count: u8) -> Result<Cluster> {
+        anyhow::ensure!(
+            (1..=crate::node::MAX_NODES).contains(&count),
+            "a cluster has 1 to {} nodes, not {count}",
+            crate::node::MAX_NODES
+        );
+        Cluster::start_inner(config, count).await
     }
 
-    async fn start_inner(config: ClusterConfig, with_node: bool) -> Result<Cluster> {
+    async fn start_inner(config: ClusterConfig, nodes: u8) -> Result<Cluster> {
         refuse_if_in_use(&config.dir)?;
         let binaries = binaries::ensure()?;
         std::fs::create_dir_all(&config.dir)
             .with_context(|| format!("creating {}", config.dir.display()))?;
         let dir = config.dir.canonicalize()?;
-        let pki = if with_node {
+        let pki = if nodes > 0 {
             let ips = [
-                crate::node::network::GATEWAY.parse()?,
-                crate::node::network::KUBERNETES_SERVICE_IP.parse()?,
+                crate::node::fabric::HOST_ADDRESS.parse()?,
+                crate::node::fabric::KUBERNETES_SERVICE_IP.parse()?,
             ];
             Pki::create_with_sans(
                 &dir.join("pki"),
@@ -127,7 +138,7 @@ impl Cluster {
             Pki::create(&dir.join("pki"))?
         };
         let apiserver_port = free_port()?;
-        let node = with_node.then(|| dir.join(NODE_DIR));
+        let nodes = (nodes > 0).then(|| (dir.join(NODES_DIR), nodes));
         let server = format!("https://127.0.0.1:{apiserver_port}");
         let mut cluster = Cluster {
             kubeconfig: dir.join("kubeconfig"),
@@ -139,7 +150,7 @@ impl Cluster {
             pki,
             processes: Vec::new(),
             commands: Default::default(),
-            node,
+            nodes,
         };
         match cluster.boot(&config, &binaries, apiserver_port).await {
             Ok(()) => Ok(cluster),
@@ -168,15 +179,16 @@ impl Cluster {
             &user,
         )?;
 
-        // The node's bridge carries the API server's advertised address: it comes first.
-        let node = match &self.node {
-            Some(dir) => {
-                let node = crate::node::Node::prepare(dir)?;
-                node.network.create(Some(port))?;
-                Some(node)
+        // The host bridge carries the API server's advertised address: it comes first.
+        let mut nodes = Vec::new();
+        if let Some((dir, count)) = &self.nodes {
+            crate::node::fabric::create(dir, Some(port))?;
+            for index in 1..=*count {
+                let node = crate::node::Node::prepare(dir, index)?;
+                node.network.create()?;
+                nodes.push(node);
             }
-            None => None,
-        };
+        }
         let etcd_url = self.start_etcd(bin)?;
         self.start_apiserver(bin, config, port, &etcd_url)?;
         let client = self.wait_for_apiserver().await?;
@@ -192,8 +204,8 @@ impl Cluster {
             },
         )
         .await?;
-        if let Some(node) = &node {
-            join::join(self, node).await?;
+        if !nodes.is_empty() {
+            join::join(self, &nodes).await?;
         }
         Ok(())
     }
@@ -244,9 +256,10 @@ impl Cluster {
         let mut cmd = Command::new(&bin.kube_apiserver);
         cmd.arg(format!("--etcd-servers={etcd_url}"))
             .arg(format!("--secure-port={port}"));
-        if self.node.is_some() {
-            // Pods reach it at the bridge address (the `kubernetes` Service's endpoint);
-            // network.rs drops this port on every interface but loopback and the bridge.
+        if self.nodes.is_some() {
+            // Nodes and Pods reach it at the host bridge's address (the `kubernetes`
+            // Service's endpoint); fabric.rs drops this port on every interface but loopback
+            // and the bridge.
             let kubelet_client = pki.client(
                 "apiserver-kubelet-client",
                 "kube-apiserver-kubelet-client",
@@ -255,7 +268,7 @@ impl Cluster {
             cmd.arg("--bind-address=0.0.0.0")
                 .arg(format!(
                     "--advertise-address={}",
-                    crate::node::network::GATEWAY
+                    crate::node::fabric::HOST_ADDRESS
                 ))
                 .arg("--authorization-mode=Node,RBAC")
                 .arg(format!(
@@ -345,9 +358,13 @@ impl Cluster {
             .arg("--secure-port=0")
             .arg("--kube-api-qps=200")
             .arg("--kube-api-burst=400");
-        if self.node.is_some() {
+        if self.nodes.is_some() {
             cmd.arg(format!("--controllers={CONTROLLERS}{NODE_CONTROLLERS}"))
-                .arg(format!("--root-ca-file={}", self.pki.ca_cert.display()));
+                .arg(format!("--root-ca-file={}", self.pki.ca_cert.display()))
+                // A node without a heartbeat is declared lost after 20 s (50 s upstream),
+                // so node-fault tests see its Pods move within their time; the kubelet
+                // renews its node Lease every 10 s.
+                .arg("--node-monitor-grace-period=20s");
         } else {
             cmd.arg(format!("--controllers={CONTROLLERS}"));
         }
@@ -498,11 +515,11 @@ impl Cluster {
     }
 
     /// Stops every component (controller-manager first, etcd last) and removes the folder.
-    /// A node goes first, with every trace it left ([`crate::node::teardown`]).
+    /// The nodes go first, with every trace they left ([`crate::node::teardown`]).
     pub fn stop(&mut self) {
-        if let Some(node) = self.node.take() {
+        if let Some((dir, _)) = self.nodes.take() {
             let processes = &mut self.processes;
-            let outcome = crate::node::teardown(&node, &mut |name| {
+            let outcome = teardown_nodes(&dir, &mut |name| {
                 if let Some(p) = processes.iter_mut().find(|p| p.name == name) {
                     p.stop(Duration::from_secs(10));
                 }
@@ -526,25 +543,40 @@ pub fn stop_recorded(dir: &Path) -> Result<()> {
             dir.display()
         )
     })?;
-    teardown_node(dir, &record)?;
+    teardown_recorded_nodes(dir, &record)?;
     for (name, pid) in record.processes.into_iter().rev() {
         Process::adopt(&name, pid, dir.join(format!("{name}.log"))).stop(Duration::from_secs(10));
     }
     std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
 }
 
-/// Tears down the node recorded below `dir`, if any, stopping its processes by pid.
-fn teardown_node(dir: &Path, record: &Record) -> Result<()> {
-    let node = dir.join(NODE_DIR);
-    if !crate::node::recorded(&node) {
-        return Ok(());
-    }
-    crate::node::teardown(&node, &mut |name| {
+/// Tears down the nodes recorded below `dir`, if any, stopping their processes by pid.
+fn teardown_recorded_nodes(dir: &Path, record: &Record) -> Result<()> {
+    teardown_nodes(&dir.join(NODES_DIR), &mut |name| {
         if let Some((_, pid)) = record.processes.iter().find(|(n, _)| n == name) {
             Process::adopt(name, *pid, dir.join(format!("{name}.log")))
                 .stop(Duration::from_secs(10));
         }
     })
+}
+
+/// Tears down every node recorded in `nodes_dir`, then their network; names every step
+/// that left something behind.
+fn teardown_nodes(nodes_dir: &Path, stop: &mut dyn FnMut(&str)) -> Result<()> {
+    let mut problems = Vec::new();
+    for node in crate::node::recorded_nodes(nodes_dir) {
+        if let Err(err) = crate::node::teardown(&node, stop) {
+            problems.push(format!("{err:#}"));
+        }
+    }
+    if let Err(err) = crate::node::fabric::teardown(nodes_dir) {
+        problems.push(format!("{err:#}"));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", problems.join("; "))
+    }
 }
 
 fn read_record(dir: &Path) -> Result<Option<Record>> {
@@ -570,7 +602,7 @@ fn refuse_if_in_use(dir: &Path) -> Result<()> {
     if alive.is_empty() {
         // A cluster that died without `down`: its leftovers are ours to replace (a node's
         // containers, mounts, bridge and cgroups first).
-        teardown_node(dir, &record)?;
+        teardown_recorded_nodes(dir, &record)?;
         std::fs::remove_dir_all(dir)?;
         return Ok(());
     }

@@ -1,4 +1,5 @@
-//! The kubelet's configuration and command line, and the kernel settings it rewrites.
+//! The kubelet's configuration and command line (the kernel settings it rewrites are
+//! recorded and restored by [`super::fabric`]).
 //!
 //! On this machine (docs/node-facts.md): cgroup v1 needs `failCgroupV1: false`; no systemd, so the
 //! `cgroupfs` driver with `cgroupRoot` inside the starting process's memory cgroup; no
@@ -7,7 +8,7 @@
 //! often full disk must not evict the test's Pods). The kubelet's iptables "util chains"
 //! are not made (nothing here needs them, and they would outlive the node).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::Result;
@@ -115,44 +116,4 @@ impl KubeletSettings {
         }
         Ok(cmd)
     }
-}
-
-/// Kernel settings the node's parts rewrite: the kubelet (`vm.overcommit_memory`,
-/// `vm.panic_on_oom`, `kernel.panic`, `kernel.panic_on_oops`, the root key limits), the CNI
-/// bridge plugin (IP forwarding) and kube-proxy (`route_localnet`, bridge netfilter).
-pub const KERNEL_SETTINGS: &[&str] = &[
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-    "net/ipv4/ip_forward",
-    "net/ipv4/conf/all/forwarding",
-    "net/ipv4/conf/all/route_localnet",
-    "net/bridge/bridge-nf-call-iptables",
-];
-
-/// The current values of [`KERNEL_SETTINGS`] (those that exist), as (name, value).
-pub fn record_kernel_settings() -> Vec<(String, String)> {
-    KERNEL_SETTINGS
-        .iter()
-        .filter_map(|name| {
-            let value = std::fs::read_to_string(Path::new("/proc/sys").join(name)).ok()?;
-            Some((name.to_string(), value.trim().to_string()))
-        })
-        .collect()
-}
-
-/// Writes back recorded values that differ now; returns the names it could not restore.
-pub fn restore_kernel_settings(recorded: &[(String, String)]) -> Vec<String> {
-    let mut failed = Vec::new();
-    for (name, value) in recorded {
-        let path = Path::new("/proc/sys").join(name);
-        let now = std::fs::read_to_string(&path).unwrap_or_default();
-        if now.trim() != value && std::fs::write(&path, value).is_err() {
-            failed.push(name.clone());
-        }
-    }
-    failed
 }

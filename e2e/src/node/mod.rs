@@ -1,32 +1,37 @@
-//! A real node beside the local control plane: containerd with runc, the CNI bridge, the
-//! kubelet, kube-proxy (and the kube-scheduler that places Pods on it), so the operator can
-//! run as users run it: as Pods.
+//! Real nodes beside the local control plane: each with containerd and runc, the CNI
+//! bridge, the kubelet and kube-proxy in a network namespace of its own (the kube-scheduler
+//! that places Pods on them runs beside the control plane), so the operator runs as users
+//! run it: as Pods, spread over machines that can fail one at a time.
 //!
-//! Parts: [`cgroup`] (the node's cgroup subtree), [`runtime`] (containerd), [`image`]
-//! (docker-archives written here, imported without a registry), [`network`] (bridge, CNI,
-//! filter rules), [`kubelet`] (its config and the kernel settings it rewrites), [`probe`]
-//! (the fail-fast checks of docs/node-facts.md: runc alone, the kubelet standalone).
+//! Parts: [`fabric`] (the host's bridge, routes and filter rules that join the nodes),
+//! [`network`] (one node's namespace, Pod range and CNI config, and its partition),
+//! [`cgroup`] (a node's cgroup subtree), [`runtime`] (containerd), [`image`]
+//! (docker-archives written here, imported without a registry), [`kubelet`] (its config),
+//! [`probe`] (the fail-fast checks of docs/node-facts.md: runc alone, the kubelet
+//! standalone).
 //!
 //! Invariants:
-//! - Everything the node writes lies under its folder (`<cluster>/node`), except what
-//!   containerd and CNI insist on writing elsewhere (`/run/containerd/s` shim sockets and
-//!   the like): such folders are removed at tear-down when they did not exist before.
+//! - Everything a node writes lies under its folder (`<cluster>/nodes/<name>`), except what
+//!   containerd, CNI and `ip netns` insist on writing elsewhere (`/run/containerd/s` shim
+//!   sockets, `/run/netns`): such folders are removed at tear-down when they did not exist
+//!   before ([`fabric`] records them).
 //! - Every container runs below the starting process's own memory cgroup
-//!   (`<own>/mro-node/…` in every v1 hierarchy), so this machine's memory accounting sees
+//!   (`<own>/<node name>/…` in every v1 hierarchy), so this machine's memory accounting sees
 //!   it; nothing is moved to cgroup v2.
-//! - [`Node::prepare`] writes `node.json` (what to undo: the cgroups it made, the kernel
-//!   settings as they were, the folders outside that were absent) *before* it changes
-//!   anything, so [`teardown`] can undo a node that died half-way, from any process.
-//! - [`teardown`] removes every trace: containers, shims, mounts under the folder, kube-proxy's
-//!   iptables rules (`kube-proxy --cleanup`), our own rules, the bridge, the cgroups, and
-//!   restores the kernel settings. It is idempotent.
-//! - The node's own processes (containerd, kubelet, kube-proxy, kube-scheduler) are started
-//!   by the caller through [`crate::process`], so they die with it (PDEATHSIG) and the
+//! - [`Node::prepare`] writes `node.json` (what to undo: the cgroups it made) *before* it
+//!   changes anything, so [`teardown`] can undo a node that died half-way, from any process.
+//! - [`power_off`] leaves the node as a pulled plug would: silent at once (its link cut),
+//!   then every process of it SIGKILLed, every mount gone and its runtime state (containerd's
+//!   `/run`) deleted; its disk (images, the kubelet's folder) stays, so it boots again.
+//!   [`teardown`] is a power-off that also removes the cgroups and the record; idempotent.
+//! - A node's own processes (containerd, kubelet, kube-proxy, named `<node>-<part>`) are
+//!   started by the caller through [`crate::process`], so they die with it (PDEATHSIG) and the
 //!   leftover check (processes whose binary lies in the binaries cache) sees them; the shims
 //!   containerd starts are found by the socket address on their command line.
 //! - No image is ever pulled: the sandbox image is built here and pinned.
 
 pub mod cgroup;
+pub mod fabric;
 pub mod image;
 pub mod kubelet;
 pub mod network;
@@ -43,89 +48,107 @@ use serde::{Deserialize, Serialize};
 use crate::binaries::{self, NodeBinaries};
 use cgroup::Subtree;
 use image::{Image, ImageFile};
-use network::Network;
+use network::NodeNet;
 use runtime::Runtime;
 
-/// The node's name (and its cgroup subtree's last element).
-pub const NODE_NAME: &str = "mro-node";
 const RECORD: &str = "node.json";
-/// Folders outside the node's own that containerd or CNI may create.
-const OUTSIDE: &[&str] = &[
-    "/run/containerd",
-    "/opt/containerd",
-    "/run/nri",
-    "/var/lib/cni",
-    "/run/netns",
-    "/var/run/netns",
-];
-/// The node's processes in the order they are stopped.
-pub const PROCESSES: &[&str] = &["kubelet", "kube-proxy", "kube-scheduler", "containerd"];
+/// A node's processes, by part, in the order they are stopped.
+pub const PARTS: &[&str] = &["kubelet", "kube-proxy", "containerd"];
+/// The most nodes a cluster may have (addresses and Pod ranges are numbered by node).
+pub const MAX_NODES: u8 = 9;
+
+/// The name of node `index` (1-based): also its network namespace and cgroup subtree.
+pub fn node_name(index: u8) -> String {
+    format!("mro-node-{index}")
+}
+
+/// The index of the node called `name` ([`node_name`]'s inverse).
+pub fn node_index(name: &str) -> Option<u8> {
+    name.strip_prefix("mro-node-")?.parse().ok()
+}
 
 /// What [`teardown`] undoes, written before anything is changed.
 #[derive(Debug, Serialize, Deserialize)]
 struct Record {
+    name: String,
+    index: u8,
     cgroup: String,
     cgroups_made: Vec<PathBuf>,
-    kernel: Vec<(String, String)>,
-    absent_before: Vec<PathBuf>,
     containerd_socket: PathBuf,
-    binaries: (PathBuf, PathBuf),
+    ctr: PathBuf,
 }
 
-/// A prepared node: binaries at hand, cgroups made, record written.
+/// A node's parts: binaries at hand, its folder, runtime, network and cgroups.
 #[derive(Debug)]
 pub struct Node {
+    pub name: String,
+    pub index: u8,
     pub dir: PathBuf,
     pub bin: NodeBinaries,
     pub runtime: Runtime,
-    pub network: Network,
+    pub network: NodeNet,
     pub cgroups: Subtree,
 }
 
 impl Node {
-    /// Finds or builds the node's programs, records what tear-down must restore, and makes
-    /// the cgroup subtree. Changes nothing else.
-    pub fn prepare(dir: &Path) -> Result<Node> {
-        let bin = binaries::node()?;
-        std::fs::create_dir_all(dir)?;
-        let dir = dir.canonicalize()?;
-        let cgroups = Subtree::under_own(NODE_NAME)?;
-        let runtime = Runtime::new(&dir.join("containerd"));
+    /// Node `index`'s parts under `nodes_dir/<name>` (finding or building the programs);
+    /// changes nothing on the machine.
+    pub fn layout(nodes_dir: &Path, index: u8) -> Result<Node> {
+        anyhow::ensure!(
+            (1..=MAX_NODES).contains(&index),
+            "node index {index} is not in 1..={MAX_NODES}"
+        );
+        let name = node_name(index);
+        let dir = std::path::absolute(nodes_dir.join(&name))?;
+        Ok(Node {
+            bin: binaries::node()?,
+            runtime: Runtime::new(&dir.join("containerd")),
+            network: NodeNet::new(&name, index, &dir.join("cni")),
+            cgroups: Subtree::under_own(&name)?,
+            dir,
+            index,
+            name,
+        })
+    }
+
+    /// [`Node::layout`], then records what tear-down must undo and makes the cgroup
+    /// subtree. Changes nothing else (the network is [`NodeNet::create`]'s).
+    pub fn prepare(nodes_dir: &Path, index: u8) -> Result<Node> {
+        let node = Node::layout(nodes_dir, index)?;
+        std::fs::create_dir_all(&node.dir)?;
         let mut record = Record {
-            cgroup: cgroups.path.clone(),
+            name: node.name.clone(),
+            index,
+            cgroup: node.cgroups.path.clone(),
             cgroups_made: Vec::new(),
-            kernel: kubelet::record_kernel_settings(),
-            absent_before: OUTSIDE
-                .iter()
-                .map(PathBuf::from)
-                .filter(|p| !p.exists())
-                .collect(),
-            containerd_socket: runtime.socket.clone(),
-            binaries: (bin.ctr.clone(), bin.kube_proxy.clone()),
+            containerd_socket: node.runtime.socket.clone(),
+            ctr: node.bin.ctr.clone(),
         };
-        write_record(&dir, &record)?;
-        let made = cgroups.create();
+        write_record(&node.dir, &record)?;
+        let made = node.cgroups.create();
         // What was made before a failure is in the error path too: record it either way.
         record.cgroups_made = match &made {
             Ok(made) => made.clone(),
             Err(_) => Vec::new(),
         };
-        write_record(&dir, &record)?;
+        write_record(&node.dir, &record)?;
         made?;
-        Ok(Node {
-            network: Network::new(&dir.join("cni")),
-            dir,
-            bin,
-            runtime,
-            cgroups,
-        })
+        Ok(node)
     }
 
-    /// Writes containerd's config and returns the command that runs it.
+    /// The name its process `part` (one of [`PARTS`]) is started under.
+    pub fn process_name(&self, part: &str) -> String {
+        format!("{}-{part}", self.name)
+    }
+
+    /// Writes containerd's config and returns the command that runs it, inside the node's
+    /// network namespace.
     pub fn containerd_command(&self) -> Result<Command> {
         self.runtime
             .write_config(&self.bin, &self.network.cni_conf_dir)?;
-        Ok(self.runtime.command(&self.bin))
+        let mut cmd = self.runtime.command(&self.bin);
+        self.network.enter(&mut cmd)?;
+        Ok(cmd)
     }
 
     /// Writes `image` as a docker-archive under the node's folder and imports it.
@@ -149,22 +172,44 @@ impl Node {
     }
 }
 
-/// Imports `image` into the running node whose folder is `dir`, wherever its containerd was
-/// started (another process's `cluster up --node`); returns the archive's size in bytes.
-pub fn import_into(dir: &Path, image: &Image) -> Result<u64> {
-    let record: Record = serde_json::from_slice(
-        &std::fs::read(dir.join(RECORD))
-            .with_context(|| format!("no node in {} (cluster up --node)", dir.display()))?,
-    )?;
-    if !record.containerd_socket.exists() {
-        bail!(
-            "the node in {} is not running (no {})",
-            dir.display(),
-            record.containerd_socket.display()
-        );
+/// The folders of the nodes recorded in `nodes_dir` (running, off, or left half-way), in
+/// name order.
+pub fn recorded_nodes(nodes_dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(nodes_dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join(RECORD).is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+/// Imports `image` into every running node recorded in `nodes_dir`, wherever their
+/// containerd was started (another process's `cluster up --nodes`); returns the archive's
+/// size in bytes.
+pub fn import_into(nodes_dir: &Path, image: &Image) -> Result<u64> {
+    let dirs = recorded_nodes(nodes_dir);
+    if dirs.is_empty() {
+        bail!("no node in {} (cluster up --nodes N)", nodes_dir.display());
     }
-    import_archive(dir, &record.binaries.0, &record.containerd_socket, image)?;
-    Ok(std::fs::metadata(archive_path(dir, image))?.len())
+    let mut size = 0;
+    for dir in &dirs {
+        let record = read_record(dir)?;
+        if !record.containerd_socket.exists() {
+            bail!(
+                "node {} is not running (no {}): start it first",
+                record.name,
+                record.containerd_socket.display()
+            );
+        }
+        import_archive(dir, &record.ctr, &record.containerd_socket, image)?;
+        size = std::fs::metadata(archive_path(dir, image))?.len();
+    }
+    Ok(size)
 }
 
 /// The host pid of the process `program` (its first argument) running in the Pod named
@@ -223,77 +268,75 @@ fn write_record(dir: &Path, record: &Record) -> Result<()> {
     Ok(())
 }
 
-/// Whether `dir` holds a node's record (a node that runs, or one that died half-way).
-pub fn recorded(dir: &Path) -> bool {
-    dir.join(RECORD).is_file()
+fn read_record(dir: &Path) -> Result<Record> {
+    let bytes = std::fs::read(dir.join(RECORD))
+        .with_context(|| format!("no node recorded in {}", dir.display()))?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a node record", dir.join(RECORD).display()))
 }
 
-/// Undoes the node recorded in `dir` (see the module invariants). `stop` stops the named
-/// process of [`PROCESSES`] if it runs (and waits for it to end): the caller knows how the
-/// process was started. Returns an error naming every step that left something behind.
-pub fn teardown(dir: &Path, stop: &mut dyn FnMut(&str)) -> Result<()> {
+/// Cuts the power of the node recorded in `dir` (see the module invariants). `kill` ends
+/// the node's process of that name at once (SIGKILL) if it runs and waits for it: the caller
+/// knows how it was started. Returns an error naming every step that left something behind.
+pub fn power_off(dir: &Path, kill: &mut dyn FnMut(&str)) -> Result<()> {
     // Mount points are absolute: so must the folder be.
     let dir = &std::path::absolute(dir)?;
-    let record: Record = match std::fs::read(dir.join(RECORD)) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not a node record", dir.join(RECORD).display()))?,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(err) => return Err(err.into()),
-    };
-    let mut problems: Vec<String> = Vec::new();
+    let record = read_record(dir)?;
+    let network = NodeNet::new(&record.name, record.index, &dir.join("cni"));
+    // Silent first: nothing the node does from here on reaches anyone.
+    let _ = fabric::ip(&["link", "set", &network.host_veth, "down"]);
     let cgroups = Subtree {
         path: record.cgroup.clone(),
     };
-    let (ctr, kube_proxy) = &record.binaries;
-    // No kubelet to restart what is stopped next.
-    for name in &PROCESSES[..3] {
-        stop(name);
+    let mut problems: Vec<String> = Vec::new();
+    for part in PARTS {
+        kill(&format!("{}-{part}", record.name));
     }
-    if record.containerd_socket.exists() {
-        let runtime = Runtime::new(
-            record
-                .containerd_socket
-                .parent()
-                .expect("socket in a folder"),
-        );
-        runtime.remove_all_containers(ctr);
-    }
-    if let Err(err) = cgroups.kill_all() {
-        problems.push(format!("{err:#}"));
-    }
-    stop("containerd");
     let shims = kill_shims(&record.containerd_socket);
     if !shims.is_empty() {
         problems.push(format!("shims survived SIGKILL: {shims:?}"));
     }
-    // kube-proxy removes the iptables rules it made (and says so for every mode it knows).
-    if kube_proxy.is_file() {
-        let _ = crate::process::run(Command::new(kube_proxy).arg("--cleanup"), None);
+    if let Err(err) = cgroups.kill_all() {
+        problems.push(format!("{err:#}"));
     }
+    // What lived in memory goes: mounts (containers' root filesystems, Pods' volumes and
+    // network namespaces), the runtime's state, the node's own namespace.
     if let Err(err) = unmount_under(dir) {
         problems.push(format!("{err:#}"));
     }
-    network::remove();
-    if let Err(err) = cgroups.remove(&record.cgroups_made) {
-        problems.push(format!("{err:#}"));
+    let state = Runtime::new(&dir.join("containerd")).state_dir();
+    if let Err(err) = std::fs::remove_dir_all(&state)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        problems.push(format!("removing {}: {err}", state.display()));
     }
-    let failed = kubelet::restore_kernel_settings(&record.kernel);
-    if !failed.is_empty() {
-        problems.push(format!("kernel settings not restored: {failed:?}"));
-    }
-    for path in &record.absent_before {
-        if path.exists() {
-            let _ = unmount_under(path);
-            if let Err(err) = std::fs::remove_dir_all(path) {
-                problems.push(format!("removing {}: {err}", path.display()));
-            }
-        }
+    network.remove();
+    if network.exists() {
+        problems.push(format!("network namespace {} left", network.netns));
     }
     if problems.is_empty() {
-        std::fs::remove_file(dir.join(RECORD))?;
         Ok(())
     } else {
-        bail!("the node's tear-down left: {}", problems.join("; "))
+        bail!("powering off {} left: {}", record.name, problems.join("; "))
+    }
+}
+
+/// Undoes the node recorded in `dir`: [`power_off`], then its cgroups and its record.
+/// Idempotent (nothing to do without a record).
+pub fn teardown(dir: &Path, kill: &mut dyn FnMut(&str)) -> Result<()> {
+    if !dir.join(RECORD).is_file() {
+        return Ok(());
+    }
+    let record = read_record(dir)?;
+    let off = power_off(dir, kill);
+    let cgroups = Subtree {
+        path: record.cgroup.clone(),
+    };
+    let removed = cgroups.remove(&record.cgroups_made);
+    match (off, removed) {
+        (Ok(()), Ok(())) => Ok(std::fs::remove_file(dir.join(RECORD))?),
+        (Err(err), Ok(())) | (Ok(()), Err(err)) => Err(err),
+        (Err(off), Err(removed)) => Err(off.context(format!("{removed:#}"))),
     }
 }
 
@@ -382,4 +425,18 @@ fn unescape_mount_point(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_and_indexes_round_trip() {
+        for index in 1..=MAX_NODES {
+            assert_eq!(node_index(&node_name(index)), Some(index));
+        }
+        assert_eq!(node_index("mro-node-x"), None);
+        assert_eq!(node_index("node-1"), None);
+    }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 
 use super::image::{Image, ImageFile};
-use super::{Node, PROCESSES, network, teardown};
+use super::{Node, PARTS, fabric, teardown};
 use crate::process::{self, Lifetime, Process};
 
 /// The probe image's reference.
@@ -87,18 +87,28 @@ fn with_node(
     check: impl FnOnce(&Node, &mut Started) -> Result<String>,
 ) -> Result<String> {
     let _ = std::fs::remove_dir_all(dir);
-    let node = Node::prepare(dir)?;
-    let mut started = Started::default();
-    let outcome = check(&node, &mut started);
-    let down = teardown(&node.dir, &mut |name| started.stop(name));
-    for name in PROCESSES {
-        started.stop(name);
-    }
-    let outcome = match (outcome, down) {
-        (Ok(report), Ok(())) => Ok(report),
+    fabric::create(dir, None)?;
+    let outcome = Node::prepare(dir, 1).and_then(|node| {
+        let mut started = Started::default();
+        let outcome = node
+            .network
+            .create()
+            .and_then(|()| check(&node, &mut started));
+        let down = teardown(&node.dir, &mut |name| started.stop(name));
+        for part in PARTS {
+            started.stop(&node.process_name(part));
+        }
+        match (outcome, down) {
+            (Ok(report), Ok(())) => Ok(report),
+            (Ok(_), Err(err)) => Err(err),
+            (Err(err), Err(down)) => Err(err.context(format!("tear-down also failed: {down:#}"))),
+            (Err(err), Ok(())) => Err(err),
+        }
+    });
+    let outcome = match (outcome, fabric::teardown(dir)) {
+        (outcome, Ok(())) => outcome,
         (Ok(_), Err(err)) => Err(err),
         (Err(err), Err(down)) => Err(err.context(format!("tear-down also failed: {down:#}"))),
-        (Err(err), Ok(())) => Err(err),
     };
     if outcome.is_ok() {
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
@@ -107,9 +117,9 @@ fn with_node(
 }
 
 fn start_containerd(node: &Node, started: &mut Started) -> Result<()> {
-    started.spawn(&node.dir, "containerd", node.containerd_command()?)?;
-    node.runtime
-        .wait_ready(&node.bin, || started.alive("containerd"))
+    let name = node.process_name("containerd");
+    started.spawn(&node.dir, &name, node.containerd_command()?)?;
+    node.runtime.wait_ready(&node.bin, || started.alive(&name))
 }
 
 /// docs/node-facts.md step 1: runc alone through `ctr run` (see the module doc). Returns a report.
@@ -172,7 +182,6 @@ pub fn runc_alone(dir: &Path) -> Result<String> {
 /// RuntimeDefault, a memory limit) on the CNI bridge. Returns a report.
 pub fn kubelet_standalone(dir: &Path) -> Result<String> {
     with_node(dir, |node, started| {
-        node.network.create(None)?;
         start_containerd(node, started)?;
         node.import_pause()?;
         node.import(&probe_image(&node.dir.join("probe"))?)?;
@@ -183,12 +192,15 @@ pub fn kubelet_standalone(dir: &Path) -> Result<String> {
             serde_json::to_vec_pretty(&static_pod())?,
         )?;
         let kubelet = kubelet_settings(node, None, Some(static_pods));
-        started.spawn(&node.dir, "kubelet", kubelet.command(&node.bin)?)?;
+        let kubelet_name = node.process_name("kubelet");
+        let mut cmd = kubelet.command(&node.bin)?;
+        node.network.enter(&mut cmd)?;
+        started.spawn(&node.dir, &kubelet_name, cmd)?;
         // The static Pod's container log says who it runs as.
         let deadline = Instant::now() + Duration::from_secs(180);
         let log = loop {
-            started.alive("kubelet")?;
-            started.alive("containerd")?;
+            started.alive(&kubelet_name)?;
+            started.alive(&node.process_name("containerd"))?;
             if let Some(log) = find_log(&kubelet.pod_logs_dir(), "probe")
                 && std::fs::read_to_string(&log).is_ok_and(|t| t.contains("uid="))
             {
@@ -197,7 +209,7 @@ pub fn kubelet_standalone(dir: &Path) -> Result<String> {
             if Instant::now() > deadline {
                 bail!(
                     "the static Pod wrote no log within 180 s; kubelet log tail:\n{}",
-                    process::log_tail(&node.dir.join("kubelet.log"), 40)
+                    process::log_tail(&node.dir.join(format!("{kubelet_name}.log")), 40)
                 );
             }
             std::thread::sleep(Duration::from_millis(500));
@@ -241,15 +253,16 @@ pub fn kubelet_settings(
 ) -> super::kubelet::KubeletSettings {
     super::kubelet::KubeletSettings {
         dir: node.dir.join("kubelet"),
-        node_name: super::NODE_NAME.into(),
-        node_ip: network::GATEWAY.into(),
+        node_name: node.name.clone(),
+        node_ip: node.network.address.clone(),
         cgroup_root: node.cgroups.path.clone(),
         runtime_socket: node.runtime.socket.clone(),
         static_pods,
         api,
-        pod_cidr: network::POD_CIDR.into(),
-        port: crate::ports::free_port().unwrap_or(10250),
-        healthz_port: crate::ports::free_port().unwrap_or(10248),
+        pod_cidr: node.network.pod_cidr.clone(),
+        // The node's own namespace: the ports upstream uses.
+        port: 10250,
+        healthz_port: 10248,
     }
 }
 

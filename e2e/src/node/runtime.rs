@@ -42,10 +42,16 @@ impl Runtime {
         }
     }
 
+    /// containerd's `state` folder: what a machine keeps in `/run` (runc's state, the
+    /// tasks' root filesystems and Pods' network namespaces), gone at a power-off.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
     /// Writes containerd's config. `cni_conf_dir` is where the network's CNI config lies.
     pub fn write_config(&self, bin: &NodeBinaries, cni_conf_dir: &Path) -> Result<()> {
         let root = self.dir.join("root");
-        let state = self.dir.join("state");
+        let state = self.state_dir();
         std::fs::create_dir_all(&root)?;
         std::fs::create_dir_all(&state)?;
         let q = |p: &Path| toml_string(&p.to_string_lossy());
@@ -159,39 +165,6 @@ state = {state}
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Kills and deletes every task and container in `k8s.io` (best effort: a tear-down
-    /// step; the cgroup sweep afterwards catches what this misses).
-    pub fn remove_all_containers(&self, ctr: &Path) {
-        let list = |what: &str| {
-            crate::process::run(self.ctr(ctr).args([what, "ls", "-q"]), None)
-                .map(|out| out.lines().map(str::to_string).collect::<Vec<_>>())
-                .unwrap_or_default()
-        };
-        for task in list("tasks") {
-            let _ = crate::process::run(
-                self.ctr(ctr)
-                    .args(["tasks", "kill", "-s", "SIGKILL", &task]),
-                None,
-            );
-        }
-        // Bounded: a task takes a moment to exit after SIGKILL.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for task in list("tasks") {
-            while Instant::now() < deadline
-                && crate::process::run(self.ctr(ctr).args(["tasks", "delete", &task]), None)
-                    .is_err()
-            {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        for container in list("containers") {
-            let _ = crate::process::run(
-                self.ctr(ctr).args(["containers", "delete", &container]),
-                None,
-            );
         }
     }
 }

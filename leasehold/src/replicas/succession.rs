@@ -14,7 +14,9 @@
 //! - the newest template is the revision label (`pod-template-hash`, or
 //!   `controller-revision-hash` for a StatefulSet) of the most recently created Pod that is
 //!   not being deleted: throughout a rollout only the new ReplicaSet creates Pods;
-//! - candidates of the newest template come first, and among them the longest-lived
+//! - candidates of the newest template come first; among them, those on another node than
+//!   the releasing Pod's (a leader that stops because its node is drained would otherwise
+//!   hand over to a peer the same drain evicts next: two moves); then the longest-lived
 //!   (earliest creation, then name), whose cache has been warm longest.
 //!
 //! Safety does not rest on any of this: the successor still has to win the same
@@ -44,6 +46,10 @@ pub fn is_live(pod: &Pod) -> bool {
 /// `None` when no peer is live.
 pub fn successor<'a>(pods: impl IntoIterator<Item = &'a Pod>, releasing: &str) -> Option<String> {
     let pods: Vec<&Pod> = pods.into_iter().collect();
+    let own_node = pods
+        .iter()
+        .find(|p| name(p) == releasing)
+        .and_then(|p| node(p));
     let newest = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -54,6 +60,7 @@ pub fn successor<'a>(pods: impl IntoIterator<Item = &'a Pod>, releasing: &str) -
         .min_by_key(|p| {
             (
                 newest.is_some() && revision(p) != newest,
+                own_node.is_some() && node(p) == own_node,
                 p.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 name(p),
             )
@@ -63,6 +70,10 @@ pub fn successor<'a>(pods: impl IntoIterator<Item = &'a Pod>, releasing: &str) -
 
 fn name(pod: &Pod) -> &str {
     pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn node(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
 }
 
 fn revision(pod: &Pod) -> Option<&str> {
@@ -100,6 +111,14 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    fn on(mut pod: Pod, node: &str) -> Pod {
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some(node.into()),
+            ..Default::default()
+        });
+        pod
     }
 
     fn deleting(mut pod: Pod) -> Pod {
@@ -141,6 +160,26 @@ mod tests {
         assert_eq!(successor(&pods, "a").as_deref(), Some("b"));
         assert_eq!(successor(&pods[..1], "a"), None);
         assert_eq!(successor([&pods[0], &pods[2]], "a"), None);
+    }
+
+    #[test]
+    fn a_drained_leader_hands_over_to_a_peer_on_another_node() {
+        let pods = [
+            on(pod("a", "x", 0, true), "node-1"),
+            on(pod("b", "x", 1, true), "node-1"),
+            on(pod("c", "x", 2, true), "node-2"),
+        ];
+        // The drain evicts b after a: c, though younger, is the one move.
+        assert_eq!(successor(&pods, "a").as_deref(), Some("c"));
+        // The template still comes first (a rollout moves once), and without another
+        // node the oldest peer.
+        let rollout = [
+            on(pod("a", "old", 0, true), "node-1"),
+            on(pod("b", "new", 100, true), "node-1"),
+            on(pod("c", "old", 2, true), "node-2"),
+        ];
+        assert_eq!(successor(&rollout, "a").as_deref(), Some("b"));
+        assert_eq!(successor(&pods[..2], "a").as_deref(), Some("b"));
     }
 
     #[test]

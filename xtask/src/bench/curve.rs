@@ -111,6 +111,18 @@ const QUANTITIES: &[Quantity] = &[
         ],
     },
     Quantity {
+        file: "takeover-enqueued.svg",
+        title: "Takeover: every cached key queued after acquiring",
+        unit: "seconds",
+        log_y: true,
+        series: &[
+            ("SIGTERM", |p| p.get(&["takeover_enqueued_seconds"])),
+            ("SIGKILL", |p| {
+                p.get(&["sigkill_takeover_drain_seconds", "enqueued"])
+            }),
+        ],
+    },
+    Quantity {
         file: "takeover-drain.svg",
         title: "Takeover: every key reconciled after acquiring",
         unit: "seconds",

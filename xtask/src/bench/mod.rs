@@ -91,6 +91,15 @@ pub struct BenchArgs {
     /// target/bench/scaleout/report.{json,md}).
     #[arg(long, value_name = "S", num_args = 0..=1, default_missing_value = "12")]
     pub shard_leases: Option<usize>,
+    /// With `--shard-leases`: the replica counts measured against the single leader (the
+    /// kill, join and leave rounds run at 3); at 100,000 objects each row takes minutes.
+    #[arg(
+        long,
+        value_name = "R1,R2,…",
+        value_delimiter = ',',
+        default_value = "1,2,3,4"
+    )]
+    pub scale_replicas: Vec<usize>,
     /// Instead of everything else: the cost of secured metrics, N scrapes (default 1000)
     /// of a secured replica and of a plain one (writes target/bench/scrapes/report.{json,md}).
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "1000")]
@@ -171,7 +180,12 @@ pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
         (_, _, Some(shards)) => {
             bench.report = Report::titled("Scale-out mode against the single leader");
             let result = bench
-                .scale_out(args.objects, shards, args.failover_runs.max(1))
+                .scale_out(
+                    args.objects,
+                    shards,
+                    &args.scale_replicas,
+                    args.failover_runs.max(1),
+                )
                 .await;
             (result, root.join("target/bench/scaleout"))
         }

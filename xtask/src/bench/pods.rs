@@ -40,7 +40,7 @@ enum Fault {
 pub async fn run(root: &Path, runs: usize) -> Result<()> {
     eprintln!("==> building the image and starting a cluster with a node");
     let (mut cluster, image) =
-        e2e::chart::cluster_with_image(root.join("target/bench/pods-cluster")).await?;
+        e2e::chart::cluster_with_image(root.join("target/bench/pods-cluster"), 1).await?;
     let result = measure(&cluster, &image, runs).await;
     cluster.stop();
     result?.write(&root.join("target/bench/pods"))

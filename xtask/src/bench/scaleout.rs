@@ -38,7 +38,7 @@ use super::objects::{create_objects, metric_sum};
 const NAMESPACE: &str = "bench-scaleout";
 const SUCCESSES: &str =
     "controller_runtime_reconcile_total{controller=\"myresource\",result=\"success\"}";
-const LIMIT: Duration = Duration::from_secs(900);
+const LIMIT: Duration = Duration::from_secs(1800);
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1_048_576.0
@@ -73,7 +73,17 @@ struct Phase {
 }
 
 impl Bench {
-    pub(super) async fn scale_out(&mut self, n: usize, shards: usize, rounds: usize) -> Result<()> {
+    pub(super) async fn scale_out(
+        &mut self,
+        n: usize,
+        shards: usize,
+        replica_counts: &[usize],
+        rounds: usize,
+    ) -> Result<()> {
+        anyhow::ensure!(
+            replica_counts.iter().all(|&r| (1..=8).contains(&r)),
+            "--scale-replicas takes counts from 1 to 8, not {replica_counts:?}"
+        );
         let key = ShardKey::new(shards);
         eprintln!(
             "==> setup: {n} MyResources, and the write ceiling on {} more",
@@ -110,7 +120,7 @@ impl Bench {
         );
 
         let mut rows = Vec::new();
-        for replicas in 1..=4 {
+        for &replicas in replica_counts {
             eprintln!("==> scale-out: {replicas} replicas, {shards} shards");
             let mut ops = Vec::new();
             for i in 0..replicas {

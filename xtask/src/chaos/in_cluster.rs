@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::audit;
-use e2e::cluster::{Cluster, NODE_DIR};
+use e2e::cluster::{Cluster, NODES_DIR};
 use e2e::lease::{self, TEST_TIMINGS};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -49,14 +49,14 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
     eprintln!("==> building the image, starting a local cluster with a node, installing the chart");
-    let (mut cluster, image) = e2e::chart::cluster_with_image(out.join("cluster")).await?;
+    let (mut cluster, image) = e2e::chart::cluster_with_image(out.join("cluster"), 1).await?;
     let result = async {
         // A mixed-version run starts on the earlier release's image.
         let installed = match &args.upgrade_from {
             None => image.reference.clone(),
             Some(rev) => {
                 let old = earlier_image(root, rev, &out)?;
-                e2e::node::import_into(&cluster.dir.join(NODE_DIR), &old)?;
+                e2e::node::import_into(&cluster.dir.join(NODES_DIR), &old)?;
                 old.reference
             }
         };
@@ -619,25 +619,32 @@ impl NetworkCut {
     }
 }
 
-/// The replicas' container logs, copied from the kubelet's Pod logs as they grow (the
+/// The replicas' container logs, copied from every kubelet's Pod logs as they grow (the
 /// kubelet removes a deleted Pod's).
 struct LogCopy {
-    from: PathBuf,
+    from: Vec<PathBuf>,
     to: PathBuf,
 }
 
 impl LogCopy {
     fn new(cluster: &Cluster, out: &Path) -> LogCopy {
         LogCopy {
-            from: cluster.dir.join(NODE_DIR).join("kubelet/pod-logs"),
+            from: e2e::node::recorded_nodes(&cluster.dir.join(NODES_DIR))
+                .into_iter()
+                .map(|node| node.join("kubelet/pod-logs"))
+                .collect(),
             to: out.join("pod-logs"),
         }
     }
 
     /// Copies every operator log file that grew since the last copy.
     fn copy(&self) {
-        for file in self.files(&self.from) {
-            let Ok(relative) = file.strip_prefix(&self.from) else {
+        for (from, file) in self
+            .from
+            .iter()
+            .flat_map(|from| self.files(from).into_iter().map(move |f| (from, f)))
+        {
+            let Ok(relative) = file.strip_prefix(from) else {
                 continue;
             };
             let target = self.to.join(relative);

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use e2e::cluster::{Cluster, ClusterConfig, NODE_DIR};
+use e2e::cluster::{Cluster, ClusterConfig, NODES_DIR};
 use e2e::lease::{self, wait_for_holder};
 use e2e::operator_image::OperatorImage;
 use kube::Client;
@@ -59,13 +59,16 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
          kube-scheduler, a CNI bridge)",
         dir.display()
     ));
-    let mut cluster = Cluster::start_with_node(ClusterConfig {
-        dir,
-        otlp_endpoint: None,
-        lifetime: lifetime(keep),
-        crds: Vec::new(),
-        shard_selector: true,
-    })
+    let mut cluster = Cluster::start_with_nodes(
+        ClusterConfig {
+            dir,
+            otlp_endpoint: None,
+            lifetime: lifetime(keep),
+            crds: Vec::new(),
+            shard_selector: true,
+        },
+        1,
+    )
     .await
     .context(
         "the node could not start on this machine (it needs root, cgroups, iptables and a \
@@ -103,7 +106,7 @@ async fn demo(
         started.elapsed().as_secs_f64()
     );
     step("loading the image into the node (no registry: ctr images import)");
-    e2e::node::import_into(&cluster.dir.join(NODE_DIR), &image.image)?;
+    e2e::node::import_into(&cluster.dir.join(NODES_DIR), &image.image)?;
 
     step(&format!(
         "helm install {RELEASE} charts/myresource-operator -n {NAMESPACE} --create-namespace \
