@@ -94,31 +94,13 @@ async fn scenario(cluster: &mut Cluster, image: &str) -> Result<()> {
     eprintln!("placement: {pods:?}");
 
     // 1. Partition.
-    let (leader, node, term) = find_leader(&client).await?;
-    let began = Timestamp::now();
-    cluster.node_fault(&node, NodeFault::Partition).await?;
-    let (next, took) = takeover(&client, &term, began).await?;
-    eprintln!("{node} partitioned: {leader} → {next}, leading {took:.2?} after the cut");
-    ensure!(
-        took <= TAKEOVER_WITHIN,
-        "a new leader {took:?} after the partition, not within {TAKEOVER_WITHIN:?}"
-    );
-    on_another_node(&client, &next, &node).await?;
+    let node = silence_the_leaders_node(cluster, &client, NodeFault::Partition).await?;
     cluster.node_fault(&node, NodeFault::Heal).await?;
     ready_pods(&client).await?;
 
     // 2. Power-off: the same bound; the node's Pods are replaced once it is declared lost.
-    let (leader, node, term) = find_leader(&client).await?;
-    let began = Timestamp::now();
     let cut = Instant::now();
-    cluster.node_fault(&node, NodeFault::Stop).await?;
-    let (next, took) = takeover(&client, &term, began).await?;
-    eprintln!("{node} powered off: {leader} → {next}, leading {took:.2?} after the power cut");
-    ensure!(
-        took <= TAKEOVER_WITHIN,
-        "a new leader {took:?} after the power-off, not within {TAKEOVER_WITHIN:?}"
-    );
-    on_another_node(&client, &next, &node).await?;
+    let node = silence_the_leaders_node(cluster, &client, NodeFault::Stop).await?;
     let replaced = poll("the lost node's Pods replaced", READY_WITHIN, || async {
         let pods = ready_pods_now(&client).await?;
         Ok((pods.len() == 3 && pods.iter().all(|(_, n)| *n != node)).then_some(pods))
@@ -220,6 +202,27 @@ async fn scenario(cluster: &mut Cluster, image: &str) -> Result<()> {
         verdict.terms_examined()
     );
     Ok(())
+}
+
+/// Applies `fault` (a partition or a power-off) to the leader's node and checks the
+/// takeover: a new term began within [`TAKEOVER_WITHIN`] of the fault, led from another
+/// node. Returns the node.
+async fn silence_the_leaders_node(
+    cluster: &mut Cluster,
+    client: &Client,
+    fault: NodeFault,
+) -> Result<String> {
+    let (leader, node, term) = find_leader(client).await?;
+    let began = Timestamp::now();
+    cluster.node_fault(&node, fault).await?;
+    let (next, took) = takeover(client, &term, began).await?;
+    eprintln!("{node} {fault:?}: {leader} → {next}, leading {took:.2?} after the fault");
+    ensure!(
+        took <= TAKEOVER_WITHIN,
+        "a new leader {took:?} after {fault:?} of {node}, not within {TAKEOVER_WITHIN:?}"
+    );
+    on_another_node(client, &next, &node).await?;
+    Ok(node)
 }
 
 /// The release's Pods that run and are Ready with their nodes; waits until there are
