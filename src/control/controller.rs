@@ -5,9 +5,10 @@
 //! - followers enqueue nothing (their caches stay warm, their queues empty);
 //! - a term starts by marking its shards led and then enqueuing every key of theirs in the
 //!   warm MyResource cache (no LIST, no waiting), so no change between the two is missed;
-//!   the keys go in by chunks beside the running workers, the first of [`FIRST_CHUNK`] keys
-//!   and each next one twice as large (up to [`LAST_CHUNK`]), so the first reconcile does not
-//!   wait for the last of 100,000 keys to be queued, nor the last key for the workers;
+//!   the first [`FIRST_CHUNK`] keys go in, the workers get a turn, then the rest at once
+//!   (the workers go on meanwhile on the runtime's other threads): the first reconcile does
+//!   not wait for the last of 100,000 keys to be queued, nor the last key for the workers to
+//!   finish the queue (a turn given after every chunk lets them empty it first);
 //! - a term ends by cancelling the workers and clearing its queues; a reconcile in flight
 //!   may finish for [`FINISH_AFTER_CANCEL`] (the fence is closed by then, so it writes
 //!   nothing new, and the writes it sent get their answers, so the release need not wait
@@ -43,13 +44,9 @@ use kube_leasehold::scaleout::shard_key::ShardKey;
 /// the writes it sent (a reconcile takes milliseconds), bounded for one stuck on a read.
 pub const FINISH_AFTER_CANCEL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Keys a takeover queues before it first lets the workers run: the first reconcile starts
+/// Keys a takeover queues before it lets the workers begin: the first reconcile starts
 /// after microseconds, not after every cached key is queued.
 const FIRST_CHUNK: usize = 256;
-
-/// The largest chunk: queueing 100,000 keys yields to the workers about a dozen times (each
-/// time they may run for a while), not hundreds.
-const LAST_CHUNK: usize = 16_384;
 
 /// Why a key was last enqueued, and the span of that watch event.
 #[derive(Debug, Clone)]
@@ -186,22 +183,22 @@ impl Controller {
             enqueued: AtomicBool::new(false),
             drained_done: AtomicBool::new(false),
         };
-        let enqueuing = async {
-            let mut keys = keys.into_iter().peekable();
-            let mut chunk = FIRST_CHUNK;
-            while keys.peek().is_some() {
-                if cancel.is_cancelled() {
-                    return;
+        let queue = |keys: &mut dyn Iterator<Item = ObjectKey>| {
+            for key in keys {
+                if let Some(shard) = only.or_else(|| self.shard_of(&key)) {
+                    self.enqueue(shard, key);
                 }
-                for key in keys.by_ref().take(chunk) {
-                    if let Some(shard) = only.or_else(|| self.shard_of(&key)) {
-                        self.enqueue(shard, key);
-                    }
-                }
-                // Let the workers begin on what is queued.
-                tokio::task::yield_now().await;
-                chunk = (chunk * 2).min(LAST_CHUNK);
             }
+        };
+        let enqueuing = async {
+            let mut keys = keys.into_iter();
+            queue(&mut keys.by_ref().take(FIRST_CHUNK));
+            // The workers begin on what is queued.
+            tokio::task::yield_now().await;
+            if cancel.is_cancelled() {
+                return;
+            }
+            queue(&mut keys);
             takeover.enqueued(&shards, &self.metrics);
         };
         let running = shards.iter().flat_map(|shard| {
