@@ -5,10 +5,10 @@
 //! - followers enqueue nothing (their caches stay warm, their queues empty);
 //! - a term starts by marking its shards led and then enqueuing every key of theirs in the
 //!   warm MyResource cache (no LIST, no waiting), so no change between the two is missed;
-//!   the first [`FIRST_CHUNK`] keys go in, the workers get a turn, then the rest at once
-//!   (the workers go on meanwhile on the runtime's other threads): the first reconcile does
-//!   not wait for the last of 100,000 keys to be queued, nor the last key for the workers to
-//!   finish the queue (a turn given after every chunk lets them empty it first);
+//!   the first [`FIRST_CHUNK`] keys go in, the workers (futures of the same task) get one
+//!   turn on them, then the rest go in at once: the first reconcile does not wait for the
+//!   last of 100,000 keys to be queued, nor the last key for the workers to empty the queue
+//!   (as a turn after every chunk would);
 //! - a term ends by cancelling the workers and clearing its queues; a reconcile in flight
 //!   may finish for [`FINISH_AFTER_CANCEL`] (the fence is closed by then, so it writes
 //!   nothing new, and the writes it sent get their answers, so the release need not wait
@@ -193,7 +193,7 @@ impl Controller {
         let enqueuing = async {
             let mut keys = keys.into_iter();
             queue(&mut keys.by_ref().take(FIRST_CHUNK));
-            // The workers begin on what is queued.
+            // One turn for the workers on what is queued (join3 polls them next).
             tokio::task::yield_now().await;
             if cancel.is_cancelled() {
                 return;

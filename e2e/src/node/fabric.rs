@@ -23,10 +23,9 @@ use crate::process::run;
 
 /// The host bridge's name (at most 15 characters).
 pub const BRIDGE: &str = "mro-br0";
-/// The host's address on the bridge: the API server's advertised address.
+/// The host's address on the bridge (a /24; node `i` is `10.243.0.(10 + i)`): the API
+/// server's advertised address.
 pub const HOST_ADDRESS: &str = "10.243.0.1";
-/// The nodes' subnet on the bridge (node `i` is `10.243.0.(10 + i)`).
-pub const NODE_SUBNET: &str = "10.243.0.0/24";
 /// Every node's Pod range lies in this (node `i` has `10.244.i.0/24`).
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The Service range (the control plane's `--service-cluster-ip-range`).
@@ -148,11 +147,6 @@ fn filter(apiserver_port: Option<u16>) -> Result<()> {
         ])?;
     }
     Ok(())
-}
-
-/// Whether `dir` holds the fabric's record (running, or left by a run that died).
-pub fn recorded(dir: &Path) -> bool {
-    dir.join(RECORD).is_file()
 }
 
 /// Removes the bridge, the routes and our chains, restores the kernel settings and removes
