@@ -19,6 +19,10 @@ use crate::kubeconfig::{client_for, write_kubeconfig_via};
 use crate::operator::{Operator, OperatorConfig};
 use crate::process::Lifetime;
 
+/// How long [`TestEnv::assert_fenced`] waits for the writes it needs to appear in the audit
+/// log.
+pub const AUDIT_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the shared cluster gives a test: where it is and what it wrote.
 #[derive(Debug, Clone)]
 pub struct Shared {
@@ -101,24 +105,33 @@ impl TestEnv {
 
     /// The fencing check ([`crate::audit::fencing`]) on this test's Lease group (`fences`, or
     /// the single Lease when `None`): fails on any finding, or when fewer than `min_writes`
-    /// writes or `min_terms` terms were examined.
-    pub fn assert_fenced(
+    /// writes or `min_terms` terms were examined after [`AUDIT_SETTLE`] of polling (a write
+    /// the test did not wait for, such as the status after the ConfigMap it polled, may land
+    /// in the log a moment later).
+    pub async fn assert_fenced(
         &self,
         fences: Option<crate::audit::Fences>,
         min_writes: usize,
         min_terms: usize,
     ) -> Result<()> {
-        let log = self.audit_log()?;
         let fences = fences
             .unwrap_or_else(|| crate::audit::Fences::lease(&self.namespace, crate::lease::NAME));
-        let verdict = crate::audit::check(&log, &fences);
-        eprintln!(
-            "fencing check: {} writes and {} terms examined, {} without effect",
-            verdict.writes_examined,
-            verdict.terms_examined(),
-            verdict.writes_without_effect
-        );
-        verdict.ensure(min_writes, min_terms)
+        let deadline = std::time::Instant::now() + AUDIT_SETTLE;
+        loop {
+            let log = self.audit_log()?;
+            let verdict = crate::audit::check(&log, &fences);
+            let enough = verdict.examined_at_least(min_writes, min_terms);
+            if enough || !verdict.clean() || std::time::Instant::now() >= deadline {
+                eprintln!(
+                    "fencing check: {} writes and {} terms examined, {} without effect",
+                    verdict.writes_examined,
+                    verdict.terms_examined(),
+                    verdict.writes_without_effect
+                );
+                return verdict.ensure(min_writes, min_terms);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 
     /// A copy of the admin kubeconfig whose server is `addr` (a [`crate::proxy::Proxy`]).

@@ -98,7 +98,7 @@ async fn one_leader_at_a_time_and_sigkill_failover() -> Result<()> {
     let new = wait_for_leader(&env, &replicas, Some(&old)).await?;
     assert_ne!(new, leader);
     // One writer at a time around the kill, from the audit log by effect order.
-    env.assert_fenced(None, 6, 2)?;
+    env.assert_fenced(None, 6, 2).await?;
     Ok(())
 }
 
@@ -216,7 +216,7 @@ async fn a_frozen_leader_writes_nothing_after_takeover_and_stays_a_follower() ->
         env.lease_holder().await?.as_deref(),
         Some(replicas[new].config.identity.as_str())
     );
-    env.assert_fenced(None, 10, 2)?;
+    env.assert_fenced(None, 10, 2).await?;
     Ok(())
 }
 
@@ -338,7 +338,7 @@ async fn a_partitioned_leader_steps_down_in_time_and_rejoins() -> Result<()> {
         env.lease_holder().await?.as_deref(),
         Some(other.config.identity.as_str())
     );
-    env.assert_fenced(None, 10, 2)?;
+    env.assert_fenced(None, 10, 2).await?;
     Ok(())
 }
 
@@ -388,7 +388,7 @@ async fn ten_leader_kills_under_a_workload_lose_nothing() -> Result<()> {
     }
     wait_converged(&env, remaining).await?;
     eprintln!("converged {:?} after the last kill", last_kill.elapsed());
-    env.assert_fenced(None, 100, 11)?;
+    env.assert_fenced(None, 100, 11).await?;
     Ok(())
 }
 
@@ -482,7 +482,7 @@ async fn foreign_writes_to_the_lease_never_make_two_writers() -> Result<()> {
     assert!(failover <= bound, "failover took {failover:?}");
     set_message(&env, "o0", "after").await?;
     wait_converged(&env, Duration::from_secs(20)).await?;
-    env.assert_fenced(None, 10, 2)?;
+    env.assert_fenced(None, 10, 2).await?;
     Ok(())
 }
 
@@ -521,7 +521,7 @@ async fn followers_wait_for_the_lease_duration_the_leader_wrote() -> Result<()> 
     first.process.signal(libc::SIGCONT);
     work.await?;
     wait_converged(&env, Duration::from_secs(30)).await?;
-    env.assert_fenced(None, 10, 1)?;
+    env.assert_fenced(None, 10, 1).await?;
     // Had a follower taken over during the freeze, the check above could pass only because
     // the woken leader happened not to write: no other term may begin while it is frozen.
     let terms = audit::acquisitions(&env.audit_log()?, &env.namespace, e2e::lease::NAME);

@@ -253,7 +253,7 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
         leader.annotations()
     );
     // Every write the Pods made (the example's, in `default`), judged by when it took effect.
-    env.assert_fenced(None, 6, 3)?;
+    env.assert_fenced(None, 6, 3).await?;
 
     // 7. Scale-out: `helm upgrade` to four shard Leases, then the container of the replica
     //    leading the example's shard SIGKILLed from the host: the shard moves on the

@@ -165,7 +165,7 @@ async fn an_api_server_outage_costs_little_and_ends_at_the_servers_return() -> R
         "a replica holds the Lease, not {after:?} (before the outage: {holder})"
     );
 
-    env.assert_fenced(None, 4, 1)?;
+    env.assert_fenced(None, 4, 1).await?;
     for r in &mut replicas {
         r.stop();
     }

@@ -205,6 +205,11 @@ impl Verdict<'_> {
         out
     }
 
+    /// Whether at least `min_writes` writes and `min_terms` terms were examined.
+    pub fn examined_at_least(&self, min_writes: usize, min_terms: usize) -> bool {
+        self.writes_examined >= min_writes && self.terms_examined() >= min_terms
+    }
+
     /// Fails on any finding, or when fewer than `min_writes` writes or `min_terms` terms
     /// were examined (a check that looked at nothing proves nothing).
     pub fn ensure(&self, min_writes: usize, min_terms: usize) -> Result<()> {
@@ -218,7 +223,7 @@ impl Verdict<'_> {
                 findings.join("\n")
             );
         }
-        if self.writes_examined < min_writes || self.terms_examined() < min_terms {
+        if !self.examined_at_least(min_writes, min_terms) {
             bail!(
                 "the fencing check examined {} writes and {} terms, fewer than {min_writes} and \
                  {min_terms}: it proves nothing",

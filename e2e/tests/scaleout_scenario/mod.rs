@@ -203,6 +203,7 @@ pub async fn run(env: TestEnv, server_side: bool) -> Result<()> {
         Some(shards::fences(&env.namespace, SHARDS)),
         OBJECTS,
         SHARDS,
-    )?;
+    )
+    .await?;
     Ok(())
 }
