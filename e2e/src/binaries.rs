@@ -329,12 +329,19 @@ const NODE_PACKAGES: &[(&str, &str)] = &[
     ("iptables", "/usr/sbin/iptables"),
 ];
 
+/// Installs the Debian packages the nodes and their network need (CNI plugins, iptables),
+/// where missing: the host's bridge and filter rules come before any node, on a new machine
+/// too.
+pub fn node_packages() -> Result<()> {
+    debian_packages(NODE_PACKAGES, "the node")
+}
+
 /// Finds or builds everything a real node runs (kubelet, kube-proxy, kube-scheduler,
 /// containerd with its shim and ctr, runc, pause) and installs the Debian packages it needs
 /// (CNI plugins, iptables). Only the node asks for these: the process-only cluster never
 /// builds them.
 pub fn node() -> Result<NodeBinaries> {
-    debian_packages(NODE_PACKAGES, "the node")?;
+    node_packages()?;
     let kubernetes = build(&KUBERNETES_NODE)?;
     let containerd = build(&CONTAINERD)?;
     let runc = build(&RUNC)?;

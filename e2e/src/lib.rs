@@ -6,6 +6,8 @@
 //! - [`chart`]: the Helm chart installed on a cluster with a node, and its Pods waited for;
 //! - [`cluster`]: starting and stopping one control plane in a folder;
 //! - [`node`]: a real node beside it (containerd, runc, CNI bridge, kubelet, kube-proxy);
+//! - [`node_faults`]: the node faults a release of the chart meets on several nodes, as
+//!   measured steps (the three-node test and `bench --pods N --nodes 3`);
 //! - [`process`]: child processes that die with us, or outlive us on purpose;
 //! - [`prometheus`]: a Prometheus on loopback for the chart tests;
 //! - [`proxy`]: a loopback TCP proxy that tests cut to partition a replica;
@@ -36,6 +38,7 @@ pub mod jaeger;
 pub mod kubeconfig;
 pub mod lease;
 pub mod node;
+pub mod node_faults;
 pub mod objects;
 pub mod operator;
 pub mod operator_image;

@@ -15,6 +15,6 @@ pub mod event;
 pub mod fencing;
 pub mod terms;
 
-pub use event::{AuditEvent, Log, ObjectRef, read};
+pub use event::{AuditEvent, Log, ObjectRef, read, read_filtered};
 pub use fencing::{Fences, Verdict, check};
 pub use terms::{Acquisition, Handovers, acquisitions, handovers, release_gaps};

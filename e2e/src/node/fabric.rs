@@ -68,10 +68,12 @@ struct Record {
     absent_before: Vec<PathBuf>,
 }
 
-/// Records what [`teardown`] restores (in `dir`), then creates the bridge with the host's
-/// address, routes the Service range onto it, turns on forwarding and installs the filter
-/// rules (`apiserver_port`: the API server's, when it listens beyond loopback).
+/// Installs iptables where missing, records what [`teardown`] restores (in `dir`), then
+/// creates the bridge with the host's address, routes the Service range onto it, turns on
+/// forwarding and installs the filter rules (`apiserver_port`: the API server's, when it
+/// listens beyond loopback).
 pub fn create(dir: &Path, apiserver_port: Option<u16>) -> Result<()> {
+    crate::binaries::node_packages()?;
     std::fs::create_dir_all(dir)?;
     let record = Record {
         kernel: record_kernel_settings(),

@@ -14,6 +14,7 @@
 //! - [`telemetry`]: the cost of the OTLP exporter;
 //! - [`failover`]: SIGKILL failover and SIGTERM handover;
 //! - [`pods`] (`--pods N`, on its own): failover of the chart's Pods on a real node;
+//! - [`nodes`] (`--pods N --nodes 3`, on its own): the node faults on three nodes;
 //! - [`peers`] (`--peers [N]`, on its own): ours beside controller-runtime and kube-runtime;
 //! - [`scaleout`] (`--shard-leases [S]`, on its own): scale-out mode with 1 to 4 replicas
 //!   against the single leader;
@@ -29,6 +30,7 @@ mod curve;
 mod failover;
 mod latency;
 mod memory;
+mod nodes;
 mod objects;
 mod peers;
 mod plot;
@@ -42,7 +44,7 @@ mod throughput;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use e2e::cluster::{Cluster, ClusterConfig};
 use e2e::lease::{DEFAULT_TIMINGS, TEST_TIMINGS, Timings};
 use e2e::operator::{Operator, OperatorConfig};
@@ -76,6 +78,11 @@ pub struct BenchArgs {
     /// SIGKILLs and N leader Pod deletions (writes target/bench/pods/report.{json,md}).
     #[arg(long, value_name = "N")]
     pub pods: Option<usize>,
+    /// With `--pods`: nodes in the cluster; with 3 (or more), N rounds of the node faults
+    /// instead (the leader's node partitioned, powered off, its kubelet stopped, drained;
+    /// writes target/bench/nodes/report.{json,md}).
+    #[arg(long, value_name = "NODES", default_value_t = 1, requires = "pods")]
+    pub nodes: u8,
     /// Instead of everything else: ours side by side with controller-runtime (warm-up off
     /// and on) and kube-runtime, N MyResources and N Pods each (default 2000), with
     /// `--latency-objects` and `--failover-runs` (writes target/bench/peers/report.{json,md}).
@@ -124,8 +131,17 @@ struct Bench {
 }
 
 pub async fn run(root: &Path, args: BenchArgs) -> Result<()> {
-    if let Some(runs) = args.pods {
-        return pods::run(root, runs).await;
+    match (args.pods, args.nodes) {
+        (Some(runs), 1) => return pods::run(root, runs).await,
+        (Some(runs), nodes) if (3..=e2e::node::MAX_NODES).contains(&nodes) => {
+            return nodes::run(root, runs, nodes).await;
+        }
+        (Some(_), nodes) => bail!(
+            "--nodes {nodes}: the node faults need a node to lose and two to lead from \
+             (3 to {} nodes), or 1 for the single node's Pod faults",
+            e2e::node::MAX_NODES
+        ),
+        (None, _) => {}
     }
     eprintln!(
         "==> building the operator ({} profile) and starting a local control plane",

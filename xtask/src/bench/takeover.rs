@@ -111,20 +111,18 @@ impl Bench {
         follower: &Operator,
         took_over: Timestamp,
     ) -> Result<(usize, usize)> {
-        let audit = e2e::audit::read(&self.cluster.audit_log)?;
+        let identity = Some(follower.config.identity.as_str());
+        let audit = e2e::audit::read_filtered(&self.cluster.audit_log, |e| {
+            (e.replica() == identity).then(|| e.without_bodies())
+        })?;
         let takeover_writes = audit
             .iter()
-            .filter(|e| {
-                e.replica() == Some(follower.config.identity.as_str())
-                    && e.is_write()
-                    && e.resource() != "leases"
-            })
+            .filter(|e| e.is_write() && e.resource() != "leases")
             .count();
         let takeover_lists = audit
             .iter()
             .filter(|e| {
-                e.replica() == Some(follower.config.identity.as_str())
-                    && e.verb == "list"
+                e.verb == "list"
                     && e.resource() != "leases"
                     && e.request_received_timestamp > took_over
             })
