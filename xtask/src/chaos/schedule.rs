@@ -116,6 +116,12 @@ pub(super) const POD_FAULTS: [Fault; 6] = [
 /// the README states, and fail the checks by design.
 pub(super) const POD_LIMIT_FAULTS: [Fault; 1] = [Fault::SlowNetworkContainerKill];
 
+/// What the lease-duration-plus-retry goals allow beyond their bound: the watch delivering
+/// the last renewal and the acquiring write's round trip, on two busy cores (a scale-out
+/// run under CI's load once took 5.35 s against 5 s). A follower that waited a whole retry
+/// period more, or restarted its clock on a failed read (9.45 s), still fails it.
+const ACQUIRE_SLACK: Duration = Duration::from_millis(500);
+
 impl Fault {
     pub(super) fn kind(self) -> &'static str {
         match self {
@@ -147,17 +153,17 @@ impl Fault {
 
     /// The goal for the time to a new leader, where there is one: after SIGKILL, the lease
     /// duration plus a retry period, relabelled Lease or not (plus one more when reads
-    /// fail); after a container SIGKILL on
-    /// the node, 2 s (the kubelet reports the exit; issue 16).
+    /// fail), plus [`ACQUIRE_SLACK`]; after a container SIGKILL on the node, 2 s (the
+    /// kubelet reports the exit; issue 16).
     pub(super) fn new_leader_goal(self) -> Option<Duration> {
         match self {
             Fault::LeaderKill | Fault::LeaseRelabelKill => {
-                Some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period)
+                Some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period + ACQUIRE_SLACK)
             }
             // Each failed read costs its replica a retry period's pause before it looks
             // again (client-go's rule); with half the reads failing, allow two of them.
             Fault::LeaderKillReadsFailing => {
-                Some(TEST_TIMINGS.lease_duration + 3 * TEST_TIMINGS.retry_period)
+                Some(TEST_TIMINGS.lease_duration + 3 * TEST_TIMINGS.retry_period + ACQUIRE_SLACK)
             }
             Fault::ContainerKill => Some(Duration::from_secs(2)),
             _ => None,
