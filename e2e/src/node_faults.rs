@@ -202,8 +202,8 @@ impl Release {
         Ok(())
     }
 
-    /// `kubectl drain` of the leader's node, measured; the node stays cordoned
-    /// ([`Release::uncordon`]).
+    /// `kubectl drain --force` of the leader's node, measured (Pods without a controller on
+    /// it are deleted); the node stays cordoned ([`Release::uncordon`]).
     pub async fn drain_the_leaders_node(&self, cluster: &Cluster) -> Result<Drained> {
         let (leader, node, _) = self.leader().await?;
         let from = Timestamp::now();
@@ -216,6 +216,8 @@ impl Release {
                     &node,
                     "--ignore-daemonsets",
                     "--delete-emptydir-data",
+                    // Bare Pods (the demo's example Pods) are deleted, not a reason to stop.
+                    "--force",
                     "--timeout=120s",
                 ]),
                 None,

@@ -15,7 +15,8 @@
 //!   `target/chaos/` (or `target/chaos-in-cluster/`): `report.{json,md}`, `timeline.svg`;
 //! - `image [--dir DIR]`: the operator's container image, built without Docker and loaded
 //!   into the node of the cluster in DIR; prints the image reference last;
-//! - `demo [--processes]`: the main job end to end, on a real node with the chart (or, with
+//! - `demo [--processes | --nodes 3]`: the main job end to end, on a real node with the chart
+//!   (with `--nodes 3`, on three, then the leader's node partitioned and drained; with
 //!   `--processes`, the replicas as processes beside a node-less control plane).
 
 use std::path::{Path, PathBuf};
@@ -79,8 +80,12 @@ enum Task {
         #[arg(long)]
         keep: bool,
         /// Without a node: the replicas as processes beside the control plane.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "nodes")]
         processes: bool,
+        /// Nodes in the cluster; with 3 (or more) the replicas land on three nodes and the
+        /// demo goes on with the leader's node partitioned, then drained.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        nodes: u8,
     },
 }
 
@@ -236,9 +241,11 @@ fn run(cli: Cli) -> Result<()> {
         // or its own CPU use on 2 cores lowers the ceiling.
         Task::Bench(_) if cfg!(debug_assertions) => release_self(),
         Task::Bench(args) => runtime.block_on(bench::run(&workspace_root(), args)),
-        Task::Demo { keep, processes } => {
-            runtime.block_on(demo::run(&workspace_root(), keep, processes))
-        }
+        Task::Demo {
+            keep,
+            processes,
+            nodes,
+        } => runtime.block_on(demo::run(&workspace_root(), keep, processes, nodes)),
     }
 }
 

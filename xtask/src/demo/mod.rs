@@ -3,7 +3,8 @@
 //! By default ([`node`]): a local cluster with a real node, the operator's image built and
 //! loaded, `helm install` of three replicas, the tutorial's example and labelled Pods, who
 //! leads; then the leader Pod is deleted and the next leader's process SIGKILLed from the
-//! host, each failover shown with its measured time. `--processes` ([`processes`]) runs the
+//! host, each failover shown with its measured time; with `--nodes 3`, on three nodes, and
+//! then the leader's node partitioned and drained, measured too. `--processes` ([`processes`]) runs the
 //! replicas as processes beside a control plane without a node, for machines where a node
 //! cannot run (it needs root, cgroup v1 or v2 hierarchies, iptables and a bridge).
 
@@ -20,13 +21,19 @@ use e2e::process::Lifetime;
 use kube::{Api, Client};
 use myresource_operator::resource::MyResource;
 
-/// Runs the demo: on a node, or with `processes` the replicas as processes.
-pub async fn run(root: &Path, keep: bool, processes: bool) -> Result<()> {
+/// Runs the demo: on `nodes` nodes, or with `processes` the replicas as processes.
+pub async fn run(root: &Path, keep: bool, processes: bool, nodes: u8) -> Result<()> {
     if processes {
-        processes::run(root, keep).await
-    } else {
-        node::run(root, keep).await
+        return processes::run(root, keep).await;
     }
+    if nodes == 2 || !(1..=e2e::node::MAX_NODES).contains(&nodes) {
+        bail!(
+            "--nodes {nodes}: 1, or 3 to {} (the node faults need a node to lose and two to \
+             lead from)",
+            e2e::node::MAX_NODES
+        );
+    }
+    node::run(root, keep, nodes).await
 }
 
 /// Fails unless every program is an executable file: everything the demo runs later is

@@ -6,14 +6,18 @@
 //! myr,pods`, the ConfigMap and who leads; then `kubectl delete pod` of the leader, and a
 //! SIGKILL of the next leader's process from the host (a crash failover read from the
 //! Pod's status, not waited out), each failover shown with its measured time (Lease
-//! timings: the chart's defaults, 15 s / 10 s / 2 s).
+//! timings: the chart's defaults, 15 s / 10 s / 2 s). With three nodes, the replicas land on
+//! three, and the demo goes on: the leader's node partitioned (no replica can prove a
+//! silent node's leader dead: a new term after the lease runs out, on another node), healed,
+//! then drained (one leadership move, at once).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use e2e::cluster::{Cluster, ClusterConfig, NODES_DIR};
+use e2e::cluster::{Cluster, ClusterConfig, NODES_DIR, NodeFault};
 use e2e::lease::{self, wait_for_holder};
+use e2e::node_faults::Release;
 use e2e::operator_image::OperatorImage;
 use kube::Client;
 
@@ -24,7 +28,7 @@ const NAMESPACE: &str = "myresource-system";
 const RELEASE: &str = "myresource-operator";
 const READY_WITHIN: Duration = Duration::from_secs(120);
 
-pub async fn run(root: &Path, keep: bool) -> Result<()> {
+pub async fn run(root: &Path, keep: bool, nodes: u8) -> Result<()> {
     let started = Instant::now();
     let dir = root.join("target").join("demo");
     step("building the operator's image and finding (or building) the cluster's programs");
@@ -55,8 +59,13 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
         image.binary_bytes as f64 / 1_048_576.0
     );
     step(&format!(
-        "starting a local cluster with a node in {} (containerd, runc, kubelet, kube-proxy, \
-         kube-scheduler, a CNI bridge)",
+        "starting a local cluster with {} in {} (containerd, runc, kubelet, kube-proxy, a CNI \
+         bridge each; a kube-scheduler)",
+        if nodes == 1 {
+            "a node".to_string()
+        } else {
+            format!("{nodes} nodes, each in a network namespace of its own,")
+        },
         dir.display()
     ));
     let mut cluster = Cluster::start_with_nodes(
@@ -67,7 +76,7 @@ pub async fn run(root: &Path, keep: bool) -> Result<()> {
             crds: Vec::new(),
             shard_selector: true,
         },
-        1,
+        nodes,
     )
     .await
     .context(
@@ -105,7 +114,7 @@ async fn demo(
         cluster.server,
         started.elapsed().as_secs_f64()
     );
-    step("loading the image into the node (no registry: ctr images import)");
+    step("loading the image into the nodes (no registry: ctr images import)");
     e2e::node::import_into(&cluster.dir.join(NODES_DIR), &image.image)?;
 
     step(&format!(
@@ -194,6 +203,9 @@ async fn demo(
     show_leader(&kc)?;
     kc.show(&["get", "myr"])?;
     kc.show_configmap()?;
+    if cluster.node_names().len() >= 3 {
+        node_faults(cluster, &kc, &client).await?;
+    }
     println!(
         "\ndemo finished in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -216,17 +228,7 @@ async fn failover(
         .with_context(|| format!("{leader}'s term has no acquireTime"))?;
     let at = Instant::now();
     fault(kc)?;
-    let patch = format!(r#"{{"spec":{{"message":"{message}"}}}}"#);
-    kc.run(
-        &[
-            "patch",
-            "myr/example-myresource",
-            "--type=merge",
-            "-p",
-            &patch,
-        ],
-        None,
-    )?;
+    set_message(kc, message)?;
     let next = lease::wait_for_new_term(client, NAMESPACE, &term, Duration::from_secs(60)).await?;
     let took_over = at.elapsed();
     wait_for(client, Duration::from_secs(60), |mr| {
@@ -241,6 +243,82 @@ async fn failover(
         at.elapsed().as_secs_f64()
     );
     Ok(next)
+}
+
+/// The leader's node partitioned, healed, then drained, each measured.
+async fn node_faults(cluster: &mut Cluster, kc: &Kubectl, client: &Client) -> Result<()> {
+    let release = Release {
+        client: client.clone(),
+        namespace: NAMESPACE.into(),
+        release: RELEASE.into(),
+        replicas: 3,
+    };
+    step("three replicas on three nodes (the chart's anti-affinity), once settled");
+    release.ready_pods().await?;
+    kc.show(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])?;
+    let (leader, node, _) = release.leader().await?;
+    step(&format!(
+        "cargo xtask cluster node {node} partition: {leader}'s node cut off from the API server \
+         and the other nodes, kubelet and Pods alike, then changing the spec; nothing can prove \
+         a silent node's leader dead, so a replica on another node takes over once the 15 s \
+         lease runs out"
+    ));
+    let cut = release
+        .silence_the_leaders_node(cluster, NodeFault::Partition)
+        .await?;
+    let changed = Instant::now();
+    set_message(kc, "after the partition")?;
+    wait_for(client, READY_WITHIN, |mr| {
+        mr.spec.message == "after the partition"
+            && mr.status.as_ref().and_then(|s| s.observed_generation) == mr.metadata.generation
+    })
+    .await?;
+    println!(
+        "    {} on {} began a term {:.1} s after the cut; the change was reconciled {:.1} s \
+         after it was made",
+        cut.next,
+        cut.next_node,
+        cut.took.as_secs_f64(),
+        changed.elapsed().as_secs_f64()
+    );
+    step(&format!("cargo xtask cluster node {node} heal"));
+    cluster.node_fault(&node, NodeFault::Heal).await?;
+    release.ready_pods().await?;
+    show_leader(kc)?;
+    let (leader, node, _) = release.leader().await?;
+    step(&format!(
+        "kubectl drain --force {node} ({leader}'s node; the example's bare Pods on it are \
+         deleted): the leader is evicted and releases the Lease naming a successor on another \
+         node; the PodDisruptionBudget keeps two replicas"
+    ));
+    let drained = release.drain_the_leaders_node(cluster).await?;
+    println!(
+        "    {} on {} leads: {} leadership move(s), {:.0} ms without a holder, at least {} \
+         replicas Ready throughout",
+        drained.next,
+        drained.next_node,
+        drained.moves,
+        drained.handover.as_secs_f64() * 1000.0,
+        drained.fewest_ready
+    );
+    release.uncordon(cluster, &node)?;
+    kc.show(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])?;
+    Ok(())
+}
+
+fn set_message(kc: &Kubectl, message: &str) -> Result<()> {
+    let patch = format!(r#"{{"spec":{{"message":"{message}"}}}}"#);
+    kc.run(
+        &[
+            "patch",
+            "myr/example-myresource",
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+        None,
+    )?;
+    Ok(())
 }
 
 fn show_leader(kc: &Kubectl) -> Result<()> {
