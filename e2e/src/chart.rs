@@ -29,12 +29,6 @@ pub fn helm(kubeconfig: &Path, home: &Path) -> Result<Command> {
     Ok(cmd)
 }
 
-/// `helm install --set-json` tolerations of 2 s for unreachable and not-ready nodes (300 s
-/// by default): a lost node's Pods move within a test's or a bench's time.
-pub const SHORT_NODE_TOLERATIONS: &str = r#"tolerations=[
-    {"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":2},
-    {"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":2}]"#;
-
 /// Builds the operator's image, starts a cluster with `nodes` nodes in `dir` (tied to this
 /// process) and loads the image into every node, ready for [`install`]; the cluster is
 /// stopped again if loading fails.

@@ -91,7 +91,32 @@ pub struct Drained {
     pub fewest_ready: usize,
 }
 
+/// The tolerations [`Release::install`] sets.
+const SHORT_NODE_TOLERATIONS: &str = r#"tolerations=[
+    {"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":2},
+    {"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":2}]"#;
+
 impl Release {
+    /// `helm install` of the chart as `release` in `namespace` with `image`: default values
+    /// (three replicas) but for tolerations of 2 s for unreachable and not-ready nodes (300 s
+    /// by default), so a lost node's Pods move within a test's or a bench's time.
+    pub async fn install(
+        cluster: &Cluster,
+        release: &str,
+        namespace: &str,
+        image: &str,
+    ) -> Result<Release> {
+        let mut helm = crate::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
+        let tolerations = ["--set-json", SHORT_NODE_TOLERATIONS];
+        crate::chart::install(&mut helm, release, namespace, image, &tolerations)?;
+        Ok(Release {
+            client: cluster.client().await?,
+            namespace: namespace.into(),
+            release: release.into(),
+            replicas: 3,
+        })
+    }
+
     /// The release's Pods that run and are Ready, with their nodes; waits until there are
     /// [`Release::replicas`] and the set has not changed for [`SETTLED_FOR`].
     pub async fn ready_pods(&self) -> Result<Vec<Placed>> {

@@ -47,25 +47,11 @@ async fn three_nodes_and_the_faults_users_meet() -> Result<()> {
 }
 
 async fn scenario(cluster: &mut Cluster, image: &str) -> Result<()> {
-    let client = cluster.client().await?;
-    let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
-    e2e::chart::install(
-        &mut helm,
-        RELEASE,
-        NAMESPACE,
-        image,
-        &["--set-json", e2e::chart::SHORT_NODE_TOLERATIONS],
-    )?;
-    let release = Release {
-        client: client.clone(),
-        namespace: NAMESPACE.into(),
-        release: RELEASE.into(),
-        replicas: 3,
-    };
+    let release = Release::install(cluster, RELEASE, NAMESPACE, image).await?;
 
     // A workload for the whole run: the leader writes (ConfigMaps, statuses, Events) in
     // every term, so the fencing check at the end has writes to judge.
-    let workload = e2e::node_faults::workload(&client).await?;
+    let workload = e2e::node_faults::workload(&release.client).await?;
 
     // Placement: three replicas on three nodes, by the chart's default anti-affinity.
     let pods = release.ready_pods().await?;

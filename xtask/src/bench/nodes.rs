@@ -60,23 +60,9 @@ pub async fn run(root: &Path, runs: usize, nodes: u8) -> Result<()> {
 
 /// The report, and the fencing check's findings (none, or the bench fails).
 async fn measure(cluster: &mut Cluster, image: &str, runs: usize) -> Result<(Report, Vec<String>)> {
-    let mut helm = e2e::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
-    e2e::chart::install(
-        &mut helm,
-        RELEASE,
-        NAMESPACE,
-        image,
-        &["--set-json", e2e::chart::SHORT_NODE_TOLERATIONS],
-    )?;
-    let client = cluster.client().await?;
-    let release = Release {
-        client: client.clone(),
-        namespace: NAMESPACE.into(),
-        release: RELEASE.into(),
-        replicas: 3,
-    };
+    let release = Release::install(cluster, RELEASE, NAMESPACE, image).await?;
     release.ready_pods().await?;
-    let workload = e2e::node_faults::workload(&client).await?;
+    let workload = e2e::node_faults::workload(&release.client).await?;
     let measured = faults(cluster, &release, runs).await;
     workload.abort();
     let samples = measured?;
@@ -147,30 +133,32 @@ fn report(s: &Samples, runs: usize, verdict: &e2e::audit::Verdict) -> Report {
     let mut report = Report::titled("Node faults: three replicas on three nodes");
     let within =
         |v: &[f64], bound: Duration| v.iter().filter(|t| **t <= bound.as_secs_f64()).count();
-    let silent = |v: &[f64], elsewhere: usize| {
-        format!(
-            "{}; within {TAKEOVER_WITHIN:?} in {} of {runs}, led from another node in \
-             {elsewhere} of {runs}",
-            seconds(v),
-            within(v, TAKEOVER_WITHIN)
-        )
-    };
-    report.record(
-        "partition_new_term_seconds",
-        e2e::stats::summary(&s.partition),
-        format!(
-            "leader's node partitioned → new term: {}",
-            silent(&s.partition, s.partition_elsewhere)
+    let silenced = [
+        (
+            "partition",
+            "partitioned",
+            &s.partition,
+            s.partition_elsewhere,
         ),
-    );
-    report.record(
-        "power_off_new_term_seconds",
-        e2e::stats::summary(&s.power_off),
-        format!(
-            "leader's node powered off → new term: {}",
-            silent(&s.power_off, s.power_off_elsewhere)
+        (
+            "power_off",
+            "powered off",
+            &s.power_off,
+            s.power_off_elsewhere,
         ),
-    );
+    ];
+    for (key, what, samples, elsewhere) in silenced {
+        report.record(
+            &format!("{key}_new_term_seconds"),
+            e2e::stats::summary(samples),
+            format!(
+                "leader's node {what} → new term: {}; within {TAKEOVER_WITHIN:?} in {} of \
+                 {runs}, led from another node in {elsewhere} of {runs}",
+                seconds(samples),
+                within(samples, TAKEOVER_WITHIN)
+            ),
+        );
+    }
     report.record(
         "power_off_pods_replaced_seconds",
         e2e::stats::summary(&s.replaced),
