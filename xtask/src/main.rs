@@ -84,9 +84,21 @@ enum Task {
         processes: bool,
         /// Nodes in the cluster; with 3 (or more) the replicas land on three nodes and the
         /// demo goes on with the leader's node partitioned, then drained.
-        #[arg(long, default_value_t = 1, value_name = "N")]
+        #[arg(long, default_value_t = 1, value_name = "N", value_parser = fault_nodes)]
         nodes: u8,
     },
+}
+
+/// A `--nodes` for the node faults: 1 (none of them), or 3 to [`e2e::node::MAX_NODES`] (a
+/// node to lose and two to lead from).
+fn fault_nodes(arg: &str) -> Result<u8, String> {
+    let max = e2e::node::MAX_NODES;
+    match arg.parse::<u8>() {
+        Ok(n) if n == 1 || (3..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "1, or 3 to {max} (the node faults need a node to lose and two to lead from)"
+        )),
+    }
 }
 
 #[derive(Subcommand)]

@@ -226,14 +226,14 @@ impl Bench {
     }
 }
 
-/// Requests in namespace `ns` by one replica (or, for `None`, by clients other than the
-/// operator), counted by "verb resource[/subresource] code".
 /// The audit log's events in `ns`, without their bodies: at 100,000 objects the whole log
 /// with bodies takes more memory than the machine has.
 fn read_namespace(path: &std::path::Path, ns: &str) -> Result<e2e::audit::Log> {
     e2e::audit::read_filtered(path, |e| (e.namespace() == ns).then(|| e.without_bodies()))
 }
 
+/// Requests in namespace `ns` by one replica (or, for `None`, by clients other than the
+/// operator), counted by "verb resource[/subresource] code".
 fn request_breakdown(audit: &[AuditEvent], replica: Option<&str>, ns: &str) -> Value {
     let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
     for e in audit.iter().filter(|e| e.namespace() == ns) {
