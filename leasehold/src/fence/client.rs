@@ -8,6 +8,11 @@
 //! - writes travel on connections of their own whose sockets take bytes only while the
 //!   fence is open ([`FencedIo`]): a write let through before the process was paused, or
 //!   while it waited in hyper for a connection, is not sent once the fence has closed;
+//! - a write connection is reset when it closes (`SO_LINGER` 0), never shut down gracefully:
+//!   a write abandoned at its deadline closes its connection, and the kernel then discards
+//!   what it still held to send or re-send, so bytes a partition kept from the API server
+//!   do not reach it after the heal (a graceful close would send them, and the server apply
+//!   them, in the next term);
 //! - the client never re-sends a request by itself: [`fenced_client`] turns kube's retry
 //!   layer off (`default_retry = false`), which would re-send a 429/503/504 with backoff up
 //!   to minutes, honouring `Retry-After`, long after the fence closed. Retry in your
@@ -196,7 +201,8 @@ pub fn write_service(config: &kube::Config, fence: &Fence) -> Result<WriteServic
     Ok(BoxCloneSyncService::new(service))
 }
 
-/// Opens the write connections: plain TCP (TLS goes on top), each wrapped in [`FencedIo`].
+/// Opens the write connections: plain TCP (TLS goes on top), each reset when it closes
+/// (see the module doc) and wrapped in [`FencedIo`].
 #[derive(Debug, Clone)]
 struct FencedConnector {
     inner: HttpConnector,
@@ -205,21 +211,21 @@ struct FencedConnector {
 
 impl Service<http::Uri> for FencedConnector {
     type Response = FencedIo<TokioIo<tokio::net::TcpStream>>;
-    type Error = <HttpConnector as Service<http::Uri>>::Error;
+    type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let fence = self.fence.clone();
         let connecting = self.inner.call(uri);
         Box::pin(async move {
-            Ok(FencedIo {
-                io: connecting.await?,
-                fence,
-            })
+            let io = connecting.await?;
+            // Does not block on close (a zero linger discards; only a longer one waits).
+            io.inner().set_zero_linger()?;
+            Ok(FencedIo { io, fence })
         })
     }
 }
@@ -369,5 +375,47 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(received, b"PATCH", "only what passed while open");
+    }
+
+    /// A partition holds a request's bytes in the sender's kernel (unsent or unacknowledged);
+    /// here a receiver with a small window does. Once the connection closes, as at a write's
+    /// deadline, none of them may reach the server.
+    #[tokio::test]
+    async fn a_closed_write_connection_drops_what_the_kernel_still_held() {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let uri: http::Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let fence = Fence::default();
+        fence.extend(Instant::now() + std::time::Duration::from_secs(5));
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        let mut connector = FencedConnector { inner: tcp, fence };
+        let io = connector.call(uri).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        // Written until the kernel takes no more: most of it waits in the send queue.
+        let mut sent = 0;
+        let chunk = [b'x'; 64 * 1024];
+        while let Ok(n) = io.io.inner().try_write(&chunk) {
+            sent += n;
+        }
+        drop(io);
+        let mut received = 0;
+        let mut buf = vec![0; 64 * 1024];
+        while let Ok(Ok(n @ 1..)) = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            tokio::io::AsyncReadExt::read(&mut server, &mut buf),
+        )
+        .await
+        {
+            received += n;
+        }
+        assert!(
+            received < sent / 2,
+            "{received} of {sent} bytes reached the server after the close"
+        );
     }
 }
