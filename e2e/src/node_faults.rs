@@ -55,6 +55,8 @@ pub struct Release {
 /// A partition or power-off of the leader's node.
 #[derive(Debug, Clone)]
 pub struct Silenced {
+    /// When the fault struck (this machine's clock).
+    pub at: Timestamp,
     pub node: String,
     pub leader: String,
     pub next: String,
@@ -66,6 +68,8 @@ pub struct Silenced {
 /// The leader's kubelet stopped, then its container killed.
 #[derive(Debug, Clone)]
 pub struct KubeletStopped {
+    /// When the leader's container was killed (this machine's clock).
+    pub at: Timestamp,
     pub node: String,
     pub leader: String,
     pub next: String,
@@ -91,8 +95,9 @@ pub struct Drained {
     pub fewest_ready: usize,
 }
 
-/// The tolerations [`Release::install`] sets.
-const SHORT_NODE_TOLERATIONS: &str = r#"tolerations=[
+/// The tolerations [`Release::install`] sets (a value for `helm --set-json`): a lost node's
+/// Pods are evicted 2 s after it is declared lost, not 300 s.
+pub const SHORT_NODE_TOLERATIONS: &str = r#"tolerations=[
     {"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":2},
     {"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":2}]"#;
 
@@ -186,6 +191,7 @@ impl Release {
         let (next, took) = self.takeover(&term, began).await?;
         let next_node = self.node_of(&next).await?;
         Ok(Silenced {
+            at: began,
             node,
             leader,
             next,
@@ -210,6 +216,7 @@ impl Release {
         let acquired = self.acquire_time().await?;
         let after_renewal = Duration::try_from(acquired.duration_since(last_renewal))?;
         Ok(KubeletStopped {
+            at: killed,
             node,
             leader,
             next,

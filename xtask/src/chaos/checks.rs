@@ -256,8 +256,9 @@ pub(super) fn fencing(
 }
 
 /// Sets each round's `goal_met`: its failover came (a change made after the fault was
-/// handled), within its fault's goal for a new leader where there is one, and the workload
-/// ran ([`MIN_OPERATIONS_PER_ROUND`] successful operations at least).
+/// handled), within its fault's goal for a new leader where there is one, the workload
+/// ran ([`MIN_OPERATIONS_PER_ROUND`] successful operations at least), and a node fault
+/// held what its details must show ([`super::nodes::goal_held`]).
 pub(super) fn judge_goals(faults: &mut [Value]) {
     for fault in faults.iter_mut() {
         let kind = fault["kind"].as_str().unwrap_or_default();
@@ -276,7 +277,9 @@ pub(super) fn judge_goals(faults: &mut [Value]) {
         };
         let worked =
             fault["operations_succeeded"].as_u64().unwrap_or(0) >= MIN_OPERATIONS_PER_ROUND;
-        fault["goal_met"] = (fault["failover_seconds"].is_number() && in_time && worked).into();
+        let held = super::nodes::goal_held(kind, &fault["details"]);
+        fault["goal_met"] =
+            (fault["failover_seconds"].is_number() && in_time && worked && held).into();
     }
 }
 

@@ -134,7 +134,11 @@ impl Chaos {
             | Fault::PodNetworkCut
             | Fault::Rollout
             | Fault::SlowNetworkContainerKill
-            | Fault::UpgradeMixedVersions => {
+            | Fault::UpgradeMixedVersions
+            | Fault::NodePartition
+            | Fault::NodePowerOff
+            | Fault::NodeKubeletStopKill
+            | Fault::NodeDrain => {
                 bail!("{} needs a cluster: --in-cluster", fault.kind())
             }
         }

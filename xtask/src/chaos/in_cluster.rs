@@ -6,13 +6,16 @@
 //! (overlapping writes from the audit log, lost updates, panics, unexpected exits, exactly
 //! one leader after each round); writes `target/chaos-in-cluster/`.
 //!
+//! With `--nodes 3` the cluster has three nodes, the replicas land on three of them, and
+//! the rotation adds the faults of the leader's node ([`super::nodes`]).
+//!
 //! The chart runs three replicas with the test Lease timings in namespace `chaos`, which
 //! it also watches. A replica's exits are read from its Pod's container restarts (those
 //! the run did not cause are findings); its logs (for panics and the first reconcile
 //! after a fault) are copied from the kubelet's Pod logs as they grow, since the kubelet
 //! removes a deleted Pod's logs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use e2e::audit;
 use e2e::cluster::{Cluster, NODES_DIR};
 use e2e::lease::{self, TEST_TIMINGS};
+use e2e::node_faults::{Release, SHORT_NODE_TOLERATIONS};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams};
@@ -29,6 +33,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::checks::{self, Counts};
+use super::nodes;
 use super::probe::Probes;
 use super::schedule::{Fault, schedule};
 use super::workload::Workload;
@@ -48,8 +53,12 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
     let out = root.join("target/chaos-in-cluster");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
-    eprintln!("==> building the image, starting a local cluster with a node, installing the chart");
-    let (mut cluster, image) = e2e::chart::cluster_with_image(out.join("cluster"), 1).await?;
+    eprintln!(
+        "==> building the image, starting a local cluster with {} node(s), installing the chart",
+        args.nodes
+    );
+    let (mut cluster, image) =
+        e2e::chart::cluster_with_image(out.join("cluster"), args.nodes).await?;
     let result = async {
         // A mixed-version run starts on the earlier release's image.
         let installed = match &args.upgrade_from {
@@ -79,7 +88,11 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
             // As the processes suite: each reconcile logged (helm splits --set on commas).
             r"logging.level=info\,myresource_operator=debug".to_string(),
         ];
-        let sets: Vec<&str> = timings.iter().flat_map(|t| ["--set", t.as_str()]).collect();
+        let mut sets: Vec<&str> = timings.iter().flat_map(|t| ["--set", t.as_str()]).collect();
+        if args.nodes > 1 {
+            // A lost node's Pods move within a round, not after 300 s.
+            sets.extend(["--set-json", SHORT_NODE_TOLERATIONS]);
+        }
         e2e::chart::install(&mut helm, RELEASE, NAMESPACE, &installed, &sets)?;
         // Scrapes show a token the chart's metrics-reader role admits (the role comes with
         // the current chart: an earlier release may serve plain metrics until upgraded).
@@ -93,12 +106,19 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
         .await?;
         let mut chaos = InCluster {
             upgrade_to: args.upgrade_from.as_ref().map(|_| image.reference.clone()),
+            release: (args.nodes > 1).then(|| Release {
+                client: client.clone(),
+                namespace: NAMESPACE.into(),
+                release: RELEASE.into(),
+                replicas: 3,
+            }),
             pods: Api::namespaced(client.clone(), NAMESPACE),
             token,
             client,
             logs: LogCopy::new(&cluster, &out),
             expected_restarts: BTreeMap::new(),
             reported_restarts: BTreeMap::new(),
+            restarted_by_node_faults: BTreeSet::new(),
         };
         chaos.rounds(&mut cluster, args, &out).await
     }
@@ -111,6 +131,8 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
 struct InCluster {
     /// A mixed-version run: the image its first round upgrades to.
     upgrade_to: Option<String>,
+    /// On several nodes, the release as the node faults see it.
+    release: Option<Release>,
     client: Client,
     pods: Api<Pod>,
     /// A token whose user the chart's metrics-reader role admits (secured metrics).
@@ -120,6 +142,9 @@ struct InCluster {
     expected_restarts: BTreeMap<String, i32>,
     /// Restarts already reported as unexpected, by Pod uid.
     reported_restarts: BTreeMap<String, i32>,
+    /// Pods whose node a fault powered off or power-cycled (by uid): every restart of
+    /// theirs is the fault's.
+    restarted_by_node_faults: BTreeSet<String>,
 }
 
 impl InCluster {
@@ -299,6 +324,26 @@ impl InCluster {
                 let image = self.upgrade_to.clone().context("no image to upgrade to")?;
                 self.upgrade_mixed(cluster, &image, &mut details).await?;
             }
+            Fault::NodePartition
+            | Fault::NodePowerOff
+            | Fault::NodeKubeletStopKill
+            | Fault::NodeDrain => {
+                let release = self.release.clone().context("node faults need --nodes 3")?;
+                if nodes::restarts_the_node(fault) {
+                    let node = release.node_of(leader).await?;
+                    for pod in self
+                        .pods
+                        .list(&ListParams::default().labels(SELECTOR))
+                        .await?
+                    {
+                        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node) {
+                            self.restarted_by_node_faults
+                                .insert(pod.uid().unwrap_or_default());
+                        }
+                    }
+                }
+                details = nodes::strike(&release, cluster, fault).await?;
+            }
             other => bail!("{} is not a fault against Pods", other.kind()),
         }
         Ok(details)
@@ -439,6 +484,9 @@ impl InCluster {
             .await?
         {
             let uid = pod.uid().unwrap_or_default();
+            if self.restarted_by_node_faults.contains(&uid) {
+                continue;
+            }
             let restarts: i32 = pod
                 .status
                 .and_then(|s| s.container_statuses)

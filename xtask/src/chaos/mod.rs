@@ -12,6 +12,8 @@
 //! - [`schedule`]: the fault kinds and the seeded order of the rounds;
 //! - [`in_cluster`] (`--in-cluster`): the same rounds and checks against the chart's Pods
 //!   on a local node, with the faults users cause to Pods;
+//! - [`nodes`] (`--in-cluster --nodes 3`): the faults of the leader's whole node in that
+//!   rotation (partition, power-off, kubelet stopped then a kill, drain);
 //! - [`replicas`]: the replica slots, their proxies and configuration;
 //! - [`faults`]: injecting a fault and waiting for the recovery;
 //! - [`probe`]: failover as users feel it, to a change made right after the fault;
@@ -25,6 +27,7 @@
 mod checks;
 mod faults;
 mod in_cluster;
+mod nodes;
 mod probe;
 mod replicas;
 mod report;
@@ -54,12 +57,13 @@ use workload::{Operations, Workload};
 
 const NAMESPACE: &str = "chaos";
 
-/// Rounds that cover every fault kind once: against processes, in scale-out mode, and
-/// against the chart's Pods on a node.
-pub const ROUNDS_COVERING_EVERY_KIND: [usize; 3] = [
+/// Rounds that cover every fault kind once: against processes, in scale-out mode, against
+/// the chart's Pods on a node, and against the Pods and the nodes of three.
+pub const ROUNDS_COVERING_EVERY_KIND: [usize; 4] = [
     schedule::FAULTS.len(),
     schedule::SHARD_FAULTS.len(),
     schedule::POD_FAULTS.len(),
+    schedule::POD_FAULTS.len() + schedule::NODE_FAULTS.len(),
 ];
 
 /// The release `cargo xtask test` upgrades from in its mixed-version round: the last
@@ -97,12 +101,33 @@ pub struct ChaosArgs {
     /// (`upgrade_mixed_versions`); the other rounds follow on the new version.
     #[arg(long, value_name = "REV", requires = "in_cluster")]
     pub upgrade_from: Option<String>,
+    /// In a cluster: run on N nodes (1, or 3 or more); with three or more, the rotation
+    /// adds the faults of the leader's node: partitioned, powered off, its kubelet stopped
+    /// then the leader killed, drained (docs/nodes.md).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = crate::fault_nodes)]
+    pub nodes: u8,
 }
 
 impl ChaosArgs {
     /// The fault kinds this run rotates through.
     fn kinds(&self) -> Result<Vec<Fault>> {
-        let all: &[Fault] = if self.in_cluster {
+        if self.nodes > 1 && !self.in_cluster {
+            bail!(
+                "--nodes {} needs --in-cluster: replicas as processes have no node",
+                self.nodes
+            );
+        }
+        let on_nodes: Vec<Fault> = [&schedule::POD_FAULTS[..], &schedule::NODE_FAULTS].concat();
+        let all: &[Fault] = if self.in_cluster && self.nodes > 1 {
+            &on_nodes
+        } else if self.in_cluster {
+            if let Some(name) = self
+                .faults
+                .iter()
+                .find(|name| schedule::NODE_FAULTS.iter().any(|f| f.kind() == *name))
+            {
+                bail!("--faults {name}: a fault of the leader's node needs --nodes 3");
+            }
             &schedule::POD_FAULTS
         } else if self.shard_leases.is_some() {
             &schedule::SHARD_FAULTS

@@ -62,6 +62,17 @@ pub(super) enum Fault {
     /// this tree's image, the leader's container SIGKILLed once old and new replicas both
     /// run, then the rollout completed.
     UpgradeMixedVersions,
+    /// On several nodes: the leader's node cut off from the API server and the other nodes
+    /// (kubelet and Pods alike) until another node leads, then healed.
+    NodePartition,
+    /// On several nodes: the leader's node powered off until its Pods are replaced
+    /// elsewhere, then booted again under the same name.
+    NodePowerOff,
+    /// On several nodes: the leader's kubelet stopped, then the leader's container
+    /// SIGKILLed (nothing reports the crash), then the node power-cycled.
+    NodeKubeletStopKill,
+    /// On several nodes: `kubectl drain` of the leader's node, then `kubectl uncordon`.
+    NodeDrain,
 }
 
 /// The faults against replicas run as processes.
@@ -112,6 +123,15 @@ pub(super) const POD_FAULTS: [Fault; 6] = [
     Fault::Rollout,
 ];
 
+/// The faults against the leader's node (`--in-cluster --nodes 3`), in the rotation beside
+/// [`POD_FAULTS`].
+pub(super) const NODE_FAULTS: [Fault; 4] = [
+    Fault::NodePartition,
+    Fault::NodePowerOff,
+    Fault::NodeKubeletStopKill,
+    Fault::NodeDrain,
+];
+
 /// Faults beyond what is promised, run only when named (`--faults`): they show a limit
 /// the README states, and fail the checks by design.
 pub(super) const POD_LIMIT_FAULTS: [Fault; 1] = [Fault::SlowNetworkContainerKill];
@@ -148,16 +168,26 @@ impl Fault {
             Fault::Rollout => "rollout",
             Fault::SlowNetworkContainerKill => "slow_network_container_sigkill",
             Fault::UpgradeMixedVersions => "upgrade_mixed_versions",
+            Fault::NodePartition => "node_partition",
+            Fault::NodePowerOff => "node_power_off",
+            Fault::NodeKubeletStopKill => "node_kubelet_stop_kill",
+            Fault::NodeDrain => "node_drain",
         }
     }
 
     /// The goal for the time to a new leader, where there is one: after SIGKILL, the lease
     /// duration plus a retry period, relabelled Lease or not (plus one more when reads
-    /// fail), plus [`ACQUIRE_SLACK`]; after a container SIGKILL on the node, 2 s (the
-    /// kubelet reports the exit; issue 16).
+    /// fail), plus [`ACQUIRE_SLACK`]; the same when the leader's node falls silent
+    /// (partitioned, powered off, or its kubelet stopped before the kill: no one can prove
+    /// the leader dead sooner); after a container SIGKILL on the node, 2 s (the kubelet
+    /// reports the exit; issue 16).
     pub(super) fn new_leader_goal(self) -> Option<Duration> {
         match self {
-            Fault::LeaderKill | Fault::LeaseRelabelKill => {
+            Fault::LeaderKill
+            | Fault::LeaseRelabelKill
+            | Fault::NodePartition
+            | Fault::NodePowerOff
+            | Fault::NodeKubeletStopKill => {
                 Some(TEST_TIMINGS.lease_duration + TEST_TIMINGS.retry_period + ACQUIRE_SLACK)
             }
             // Each failed read costs its replica a retry period's pause before it looks
@@ -176,6 +206,7 @@ pub(super) fn goal_of(kind: &str) -> Option<Duration> {
     FAULTS
         .iter()
         .chain(&POD_FAULTS)
+        .chain(&NODE_FAULTS)
         .find(|f| f.kind() == kind)
         .and_then(|f| f.new_leader_goal())
 }
