@@ -2,17 +2,19 @@
 //!
 //! - `cluster up|down [--dir DIR] [--node]`: a local control plane that outlives the command,
 //!   with a real node when asked; `cluster probe runc|kubelet`: docs/node-facts.md's fail-fast checks;
-//! - `test`: every test (unit and end-to-end against a real control plane), twelve seeded
-//!   chaos rounds (one of each fault kind), eleven in scale-out mode and six in-cluster ones,
-//!   the demo once with an empty binaries cache (the first-use path), then a check that no
-//!   control-plane process was left behind;
+//! - `test`: every test (unit and end-to-end against a real control plane), seeded chaos
+//!   rounds covering each fault kind once against processes, in scale-out mode, and
+//!   against the chart's Pods and their nodes on three nodes, the demo once with an empty
+//!   binaries cache (the first-use path), then a check that no control-plane process was
+//!   left behind;
 //! - `bench`: measurements (throughput against the API server's write ceiling, latency,
 //!   takeover, memory, telemetry, failover and handover) written to
 //!   `target/bench/report.{json,md}`; xtask reruns itself from a release build for it;
-//! - `chaos [--in-cluster | --shard-leases S]`: seeded faults against three replicas
-//!   (processes, processes in scale-out mode, or the chart's Pods on a node) under a
-//!   workload, with the invariants checked; writes
-//!   `target/chaos/` (or `target/chaos-in-cluster/`): `report.{json,md}`, `timeline.svg`;
+//! - `chaos [--in-cluster [--nodes 3] | --shard-leases S]`: seeded faults against three
+//!   replicas (processes, processes in scale-out mode, or the chart's Pods on a node or on
+//!   three, with the faults of the leader's node) under a workload, with the invariants
+//!   checked; writes `target/chaos/` (or `target/chaos-in-cluster/`): `report.{json,md}`,
+//!   `timeline.svg`;
 //! - `image [--dir DIR]`: the operator's container image, built without Docker and loaded
 //!   into the node of the cluster in DIR; prints the image reference last;
 //! - `demo [--processes | --nodes 3]`: the main job end to end, on a real node with the chart
@@ -431,13 +433,16 @@ fn test(cargo_args: &[String]) -> Result<()> {
     if status.success() && simulated.is_ok() && !use_existing {
         // Every run exercises failover: a short seeded chaos run (each fault kind once),
         // against processes, against processes in scale-out mode, and against the chart's
-        // Pods on a node, installed from the earlier release and upgraded first.
+        // Pods and their nodes on three nodes, installed from the earlier release and
+        // upgraded first.
         let rounds = chaos::ROUNDS_COVERING_EVERY_KIND.map(|n| n.to_string());
         let runs = [
             vec!["--rounds", &rounds[0]],
             vec!["--shard-leases", "6", "--rounds", &rounds[1]],
             vec![
                 "--in-cluster",
+                "--nodes",
+                "3",
                 "--rounds",
                 &rounds[2],
                 "--upgrade-from",

@@ -192,7 +192,7 @@ fn report(s: &Samples, runs: usize, verdict: &e2e::audit::Verdict) -> Report {
         e2e::stats::summary(&s.drain_handover),
         format!(
             "kubectl drain of the leader's node → time without a holder: {}; p99 goal {:.0} ms; exactly one move in {} of {runs}, onto another node in {} of {runs}; fewest Ready replicas seen {fewest}",
-            seconds(&s.drain_handover),
+            milliseconds(&s.drain_handover),
             DRAIN_HANDOVER.as_secs_f64() * 1000.0,
             s.drain_one_move,
             s.drain_elsewhere
@@ -217,9 +217,19 @@ fn report(s: &Samples, runs: usize, verdict: &e2e::audit::Verdict) -> Report {
 
 /// Samples in seconds as min, median, p99 and max.
 fn seconds(samples: &[f64]) -> String {
-    let p = |q| e2e::stats::percentile(samples, q);
+    spread(samples, "s", 1.0, 2)
+}
+
+/// A drain's handovers are milliseconds.
+fn milliseconds(samples: &[f64]) -> String {
+    spread(samples, "ms", 1000.0, 0)
+}
+
+/// "N runs, min …, median …, p99 …, max …" of `samples` (seconds) × `scale` in `unit`.
+fn spread(samples: &[f64], unit: &str, scale: f64, decimals: usize) -> String {
+    let p = |q| e2e::stats::percentile(samples, q) * scale;
     format!(
-        "{} runs, min {:.2} s, median {:.2} s, p99 {:.2} s, max {:.2} s",
+        "{} runs, min {:.decimals$} {unit}, median {:.decimals$} {unit}, p99 {:.decimals$} {unit}, max {:.decimals$} {unit}",
         samples.len(),
         p(0.0),
         p(50.0),
