@@ -1,5 +1,7 @@
 //! Latency: from an object's create to the operator's "reconcile started" line (idle, and
-//! under the cold start's load), and from the create to a Ready status.
+//! under the cold start's load), and from the create to a Ready status. At idle, the
+//! leader's threads are watched too ([`super::schedstat`]), so a stall is attributed: the
+//! operator ran, waited for a CPU, or slept.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -17,6 +19,10 @@ use serde_json::{Value, json};
 
 use super::Bench;
 use super::objects::mr;
+use super::schedstat::{Sampler, Samples};
+
+/// An in-operator latency (enqueued → reconcile started) above this is a stall, at idle.
+const STALL_MS: f64 = 5.0;
 
 impl Bench {
     pub(super) fn record_latency(&mut self, n: usize, idle: &Latency, under_load: &Latency) {
@@ -26,7 +32,7 @@ impl Bench {
             "event_to_reconcile_ms",
             json!({
                 "p50": e2e_idle.0, "p99": e2e_idle.1,
-                "idle": {"create_to_start": {"p50": e2e_idle.0, "p99": e2e_idle.1}, "watch_event_to_start": {"p50": op_idle.0, "p99": op_idle.1}, "samples": idle.samples},
+                "idle": {"create_to_start": {"p50": e2e_idle.0, "p99": e2e_idle.1}, "watch_event_to_start": {"p50": op_idle.0, "p99": op_idle.1}, "samples": idle.samples, "leader_threads": idle.threads},
                 "under_load": {"create_to_start": {"p50": e2e_load.0, "p99": e2e_load.1}, "watch_event_to_start": {"p50": op_load.0, "p99": op_load.1}, "samples": under_load.samples},
             }),
             format!(
@@ -34,6 +40,17 @@ impl Bench {
                 idle.samples, e2e_idle.0, e2e_idle.1, op_idle.0, op_idle.1, under_load.samples, e2e_load.0, e2e_load.1
             ),
         );
+        if let Some(worst) = idle.threads.get("worst_stall") {
+            self.report.line(format!(
+                "idle stalls (enqueued → start over {STALL_MS} ms): {}; the worst, {} ms: the leader's threads ran {} ms and waited {} ms for a CPU (over the idle section: ran {} ms, waited {} ms)",
+                idle.threads["stalls"],
+                worst["ms"],
+                worst["ran_ms"],
+                worst["waited_for_cpu_ms"],
+                idle.threads["section"]["ran_ms"],
+                idle.threads["section"]["waited_for_cpu_ms"],
+            ));
+        }
     }
 }
 
@@ -44,9 +61,29 @@ pub(super) async fn idle_latency(
     count: usize,
 ) -> Result<Latency> {
     eprintln!("==> event → reconcile start, idle: {count} objects one at a time");
-    let idle_starts = create_spaced(mrs.clone(), "idle", count, Duration::from_millis(20)).await?;
+    let sampler = Sampler::start(leader.process.pid);
+    let idle_starts = create_spaced(mrs.clone(), "idle", count, Duration::from_millis(20)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    Ok(latencies(leader, &idle_starts))
+    let samples = sampler.stop();
+    let mut latency = latencies(leader, &idle_starts?);
+    latency.threads = attribute(&latency.stalls, &samples);
+    Ok(latency)
+}
+
+/// Where the leader's threads spent the worst stall and the whole section.
+fn attribute(stalls: &[(Timestamp, Timestamp)], samples: &Samples) -> Value {
+    let ms = |(from, to): &(Timestamp, Timestamp)| to.duration_since(*from).as_secs_f64() * 1e3;
+    let mut threads = json!({
+        "stalls": stalls.len(),
+        "section": samples.total().map(|s| s.json()),
+    });
+    let worst = stalls.iter().max_by(|a, b| ms(a).total_cmp(&ms(b)));
+    if let Some(spent) = worst.and_then(|w| Some((w, samples.spent(w.0, w.1)?))) {
+        let (window, spent) = spent;
+        threads["worst_stall"] = spent.json();
+        threads["worst_stall"]["ms"] = ((ms(window) * 100.0).round() / 100.0).into();
+    }
+    threads
 }
 
 /// Creates `count` objects one at a time (20 ms apart) and returns each one's create →
@@ -98,6 +135,11 @@ pub(super) struct Latency {
     in_operator: (f64, f64),
     /// How many objects were created.
     samples: usize,
+    /// In-operator windows (enqueued → started) longer than [`STALL_MS`].
+    stalls: Vec<(Timestamp, Timestamp)>,
+    /// At idle: where the leader's threads spent the worst stall and the section
+    /// ([`attribute`]); null otherwise.
+    threads: Value,
 }
 
 pub(super) fn latencies(op: &Operator, starts: &[(String, Timestamp)]) -> Latency {
@@ -122,6 +164,10 @@ pub(super) fn latencies(op: &Operator, starts: &[(String, Timestamp)]) -> Latenc
         }
     };
     let ms = |from: Timestamp, to: Timestamp| to.duration_since(from).as_secs_f64() * 1000.0;
+    let windows: Vec<(Timestamp, Timestamp)> = starts
+        .iter()
+        .filter_map(|(n, _)| Some((*enqueued.get(n)?, *started.get(n)?)))
+        .collect();
     Latency {
         end_to_end: pair(
             starts
@@ -129,13 +175,14 @@ pub(super) fn latencies(op: &Operator, starts: &[(String, Timestamp)]) -> Latenc
                 .filter_map(|(n, at)| started.get(n).map(|s| ms(*at, *s)))
                 .collect(),
         ),
-        in_operator: pair(
-            starts
-                .iter()
-                .filter_map(|(n, _)| Some(ms(*enqueued.get(n)?, *started.get(n)?)))
-                .collect(),
-        ),
+        in_operator: pair(windows.iter().map(|(from, to)| ms(*from, *to)).collect()),
+        stalls: windows
+            .iter()
+            .filter(|(from, to)| ms(*from, *to) > STALL_MS)
+            .copied()
+            .collect(),
         samples: starts.len(),
+        threads: Value::Null,
     }
 }
 

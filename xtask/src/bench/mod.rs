@@ -9,6 +9,8 @@
 //! - [`throughput`]: the operator's cold start against the API server's write ceiling
 //!   ([`ceiling`]), followed by the latency and takeover sections on the same objects;
 //! - [`latency`]: event → reconcile start and create → Ready status;
+//! - [`schedstat`]: where the leader's threads spent an idle stall (ran, waited for a CPU,
+//!   or slept);
 //! - [`takeover`]: a follower taking over with N objects cached;
 //! - [`memory`]: a follower's memory per cached Pod;
 //! - [`telemetry`]: the cost of the OTLP exporter;
@@ -37,6 +39,7 @@ mod plot;
 mod pods;
 mod report;
 mod scaleout;
+mod schedstat;
 mod scrapes;
 mod takeover;
 mod telemetry;
