@@ -5,8 +5,9 @@
 //! so `kubectl describe` shows "(x3 over 2m)" rather than three lines.
 //!
 //! Off the reconcile's path: a reconcile queues its Events ([`Publisher::queue`]) and goes on
-//! to its status write; each leadership term publishes them beside its workers
-//! ([`Publisher::run_term`]), as client-go's broadcaster does from its own goroutine.
+//! to its status write; each leadership term publishes them from a task of its own beside
+//! its workers ([`Publisher::run_term`]), as client-go's broadcaster does from its own
+//! goroutine, so nothing the publisher does (its sweep included) holds up a reconcile.
 //!
 //! Invariants:
 //! - an Event is published only in the term that queued it: the queue belongs to one term,
