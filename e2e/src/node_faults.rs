@@ -33,6 +33,9 @@ use crate::cluster::{Cluster, NodeFault, Supervisor};
 use crate::lease::NAME as LEASE;
 use crate::process::run;
 
+/// A drain's goal for the longest time without a holder (p99; issue 33).
+pub const DRAIN_HANDOVER_GOAL: Duration = Duration::from_millis(250);
+
 /// How long a step waits for Pods, a holder or a term.
 pub const READY_WITHIN: Duration = Duration::from_secs(120);
 /// How long the Ready replicas must stay the same before a step begins (a node that just
@@ -102,6 +105,16 @@ pub const SHORT_NODE_TOLERATIONS: &str = r#"tolerations=[
     {"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":2}]"#;
 
 impl Release {
+    /// The release `release` in `namespace`, with the chart's default three replicas.
+    pub fn new(client: Client, namespace: &str, release: &str) -> Release {
+        Release {
+            client,
+            namespace: namespace.into(),
+            release: release.into(),
+            replicas: 3,
+        }
+    }
+
     /// `helm install` of the chart as `release` in `namespace` with `image`: default values
     /// (three replicas) but for tolerations of 2 s for unreachable and not-ready nodes (300 s
     /// by default), so a lost node's Pods move within a test's or a bench's time.
@@ -114,12 +127,7 @@ impl Release {
         let mut helm = crate::chart::helm(&cluster.kubeconfig, &cluster.dir.join("helm"))?;
         let tolerations = ["--set-json", SHORT_NODE_TOLERATIONS];
         crate::chart::install(&mut helm, release, namespace, image, &tolerations)?;
-        Ok(Release {
-            client: cluster.client().await?,
-            namespace: namespace.into(),
-            release: release.into(),
-            replicas: 3,
-        })
+        Ok(Release::new(cluster.client().await?, namespace, release))
     }
 
     /// The release's Pods that run and are Ready, with their nodes; waits until there are

@@ -77,9 +77,9 @@ fn attribute(stalls: &[(Timestamp, Timestamp)], samples: &Samples) -> Value {
         "stalls": stalls.len(),
         "section": samples.total().map(|s| s.json()),
     });
-    let worst = stalls.iter().max_by(|a, b| ms(a).total_cmp(&ms(b)));
-    if let Some(spent) = worst.and_then(|w| Some((w, samples.spent(w.0, w.1)?))) {
-        let (window, spent) = spent;
+    if let Some(window) = stalls.iter().max_by(|a, b| ms(a).total_cmp(&ms(b)))
+        && let Some(spent) = samples.spent(window.0, window.1)
+    {
         threads["worst_stall"] = spent.json();
         threads["worst_stall"]["ms"] = ((ms(window) * 100.0).round() / 100.0).into();
     }

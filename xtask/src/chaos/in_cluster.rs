@@ -106,12 +106,7 @@ pub(super) async fn run(root: &Path, args: &ChaosArgs) -> Result<()> {
         .await?;
         let mut chaos = InCluster {
             upgrade_to: args.upgrade_from.as_ref().map(|_| image.reference.clone()),
-            release: (args.nodes > 1).then(|| Release {
-                client: client.clone(),
-                namespace: NAMESPACE.into(),
-                release: RELEASE.into(),
-                replicas: 3,
-            }),
+            release: (args.nodes > 1).then(|| Release::new(client.clone(), NAMESPACE, RELEASE)),
             pods: Api::namespaced(client.clone(), NAMESPACE),
             token,
             client,

@@ -13,13 +13,10 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use e2e::cluster::{Cluster, NodeFault};
 use e2e::lease::TEST_TIMINGS;
-use e2e::node_faults::Release;
+use e2e::node_faults::{DRAIN_HANDOVER_GOAL, Release};
 use serde_json::{Value, json};
 
 use super::schedule::Fault;
-
-/// A drain's longest time without a holder (issue 33's handover goal).
-const DRAIN_HANDOVER_MS: f64 = 250.0;
 
 /// Whether `fault` restarts the containers of every Pod on the struck node (the node
 /// powered off, or power-cycled after its kubelet stopped): those Pods' restarts are the
@@ -107,7 +104,7 @@ pub(super) fn goal_held(kind: &str, details: &Value) -> bool {
             && details["fewest_ready"].as_u64().is_some_and(|n| n >= 2)
             && details["handover_ms"]
                 .as_f64()
-                .is_some_and(|ms| ms <= DRAIN_HANDOVER_MS)
+                .is_some_and(|ms| ms <= DRAIN_HANDOVER_GOAL.as_secs_f64() * 1000.0)
     } else {
         true
     }

@@ -247,12 +247,7 @@ async fn failover(
 
 /// The leader's node partitioned, healed, then drained, each measured.
 async fn node_faults(cluster: &mut Cluster, kc: &Kubectl, client: &Client) -> Result<()> {
-    let release = Release {
-        client: client.clone(),
-        namespace: NAMESPACE.into(),
-        release: RELEASE.into(),
-        replicas: 3,
-    };
+    let release = Release::new(client.clone(), NAMESPACE, RELEASE);
     step("three replicas on three nodes (the chart's anti-affinity), once settled");
     release.ready_pods().await?;
     kc.show(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])?;
