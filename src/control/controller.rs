@@ -207,10 +207,10 @@ impl Controller {
                 .map(move |_| self.work(shard, shards, ctx.clone(), cancel.clone(), takeover))
         });
         // The term's Events go out from a task of their own, off the reconciles' path and
-        // off their task: the publisher's occasional sweep of its memory of recent Events
-        // (a pass over an entry per object, freeing the expired ones) stalled every worker
-        // for up to 80 ms at 100,000 objects while it shared their task. The term ends once
-        // the workers have stopped and the publishes under way are answered.
+        // off their task: whatever a publish costs (a sweep of the publisher's memory, when
+        // it still swept it whole, stalled every worker for up to 80 ms at 100,000 objects
+        // while it shared their task) holds no reconcile. The term ends once the workers
+        // have stopped and the publishes under way are answered.
         let (stopped, workers_stopped) = tokio::sync::oneshot::channel::<()>();
         let working = async move {
             futures::future::join_all(running).await;

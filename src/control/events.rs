@@ -18,10 +18,13 @@
 //! - a term ends only once the publishes it started are answered, so the release that
 //!   follows finds them settled ([`kube_leasehold::fence::Fence::settled`]);
 //! - the memory of recent events ([`Recent`], pure, tested with a fake clock) forgets
-//!   expired entries in a sweep that runs at most once per [`SWEEP_EVERY`], so a publish
-//!   costs O(1) amortized however many objects there are. (kube's `Recorder` sweeps its
-//!   whole cache on every publish under a lock that every worker shares: at 10,000 objects
-//!   that was the largest single item in the operator's CPU profile.)
+//!   expired entries from an expiry queue kept in the order they were observed, at most
+//!   [`EXPIRE_PER_OBSERVE`] per publish: a publish costs O(1) however many objects there
+//!   are, never a pass over the whole memory, and the queue shrinks faster than it grows.
+//!   (kube's `Recorder` sweeps its whole cache on every publish under a lock that every
+//!   worker shares: at 10,000 objects that was the largest single item in the operator's
+//!   CPU profile; a sweep every 30 s of our own still held a runtime thread for 85 ms at
+//!   100,000.)
 //! - its lock is never held across a request;
 //! - a failed create is forgotten, so the next occurrence creates again; a series patch
 //!   that finds its Event gone (404) or changed (409) creates a new one;
@@ -30,7 +33,8 @@
 //!   occurrence creates a new Event instead), so a late patch from an earlier term cannot
 //!   overwrite a later one.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,8 +58,9 @@ use crate::infra::metrics::Metrics;
 
 /// A repeat within this long of the previous occurrence joins its series (client-go: 6 min).
 pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
-/// How often expired entries are swept from [`Recent`].
-pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// How many expired entries one observation may forget: more than the one entry it adds,
+/// so the expiry queue never falls further behind.
+pub const EXPIRE_PER_OBSERVE: usize = 2;
 /// How many Events a term may hold queued and unsent; more are dropped.
 pub const QUEUE: usize = 1024;
 
@@ -110,53 +115,81 @@ struct Seen {
 }
 
 /// Recently published events, by key.
-#[derive(Debug)]
+///
+/// Every observation also goes to the back of `expiry`, which is therefore in the order of
+/// observation; an entry there stands for "this key may have expired by then". A key
+/// observed again has a later entry too, so an entry whose key was seen since is skipped.
+#[derive(Debug, Default)]
 pub struct Recent {
-    seen: HashMap<Key, Seen>,
-    next_sweep: Instant,
+    seen: HashMap<Arc<Key>, Seen>,
+    expiry: VecDeque<(Instant, Arc<Key>)>,
 }
 
 impl Recent {
-    pub fn new(now: Instant) -> Self {
-        Recent {
-            seen: HashMap::new(),
-            next_sweep: now + SWEEP_EVERY,
-        }
-    }
-
     /// Records an occurrence of `key` at `now`; `fresh_name` names the Event if a new one
     /// is to be created.
     pub fn observe(&mut self, key: Key, fresh_name: &str, now: Instant) -> Decision {
-        if now >= self.next_sweep {
-            self.seen
-                .retain(|_, s| now.saturating_duration_since(s.last) < SERIES_WINDOW);
-            self.next_sweep = now + SWEEP_EVERY;
-        }
-        // A repeat within the window joins the series, on condition that its Event is as our
-        // last write left it; while that write's outcome is unknown no condition can be put
-        // on a patch, so a new Event starts, as after the window.
-        if let Some(s) = self
-            .seen
-            .get_mut(&key)
-            .filter(|s| now.saturating_duration_since(s.last) < SERIES_WINDOW)
-            && let Some(resource_version) = s.resource_version.take()
-        {
-            s.count += 1;
-            s.last = now;
-            return Decision::Series {
-                name: s.name.clone(),
-                count: s.count,
-                resource_version,
-            };
-        }
-        let seen = Seen {
+        self.expire(now);
+        let fresh = Seen {
             name: fresh_name.to_string(),
             count: 1,
             last: now,
             resource_version: None,
         };
-        self.seen.insert(key, seen);
-        Decision::Create
+        let (key, decision) = match self.seen.entry(Arc::new(key)) {
+            // A repeat within the window joins the series, on condition that its Event is
+            // as our last write left it; while that write's outcome is unknown no condition
+            // can be put on a patch, so a new Event starts, as after the window.
+            Entry::Occupied(mut entry) => {
+                let s = entry.get_mut();
+                let decision = match s.resource_version.take() {
+                    Some(resource_version)
+                        if now.saturating_duration_since(s.last) < SERIES_WINDOW =>
+                    {
+                        s.count += 1;
+                        s.last = now;
+                        Decision::Series {
+                            name: s.name.clone(),
+                            count: s.count,
+                            resource_version,
+                        }
+                    }
+                    _ => {
+                        *s = fresh;
+                        Decision::Create
+                    }
+                };
+                (entry.key().clone(), decision)
+            }
+            Entry::Vacant(entry) => {
+                let key = entry.key().clone();
+                entry.insert(fresh);
+                (key, Decision::Create)
+            }
+        };
+        self.expiry.push_back((now, key));
+        decision
+    }
+
+    /// Forgets up to [`EXPIRE_PER_OBSERVE`] keys whose last occurrence is a window old.
+    fn expire(&mut self, now: Instant) {
+        for _ in 0..EXPIRE_PER_OBSERVE {
+            match self.expiry.front() {
+                Some((at, _)) if now.saturating_duration_since(*at) >= SERIES_WINDOW => {}
+                _ => return,
+            }
+            let Some((_, key)) = self.expiry.pop_front() else {
+                return;
+            };
+            // Seen again since (a later entry stands for it), or forgotten and seen anew.
+            if self
+                .seen
+                .get(&key)
+                .is_some_and(|s| now.saturating_duration_since(s.last) >= SERIES_WINDOW)
+            {
+                self.seen.remove(&key);
+            }
+        }
     }
 
     /// Records that this replica's write of the Event `name` for `key` left it at
@@ -230,7 +263,7 @@ impl Publisher {
             client,
             controller: controller.into(),
             instance: instance.into(),
-            recent: Mutex::new(Recent::new(Instant::now())),
+            recent: Mutex::new(Recent::default()),
             outbox: Mutex::new(None),
             fate: Box::new(|_| {}),
         }
@@ -451,7 +484,7 @@ mod tests {
     #[test]
     fn a_repeat_within_the_window_joins_the_series_of_the_first() {
         let t0 = Instant::now();
-        let mut recent = Recent::new(t0);
+        let mut recent = Recent::default();
         assert_eq!(recent.observe(key("R"), "a.1", t0), Decision::Create);
         recent.written(&key("R"), "a.1", Some("10".into()));
         let t1 = t0 + Duration::from_secs(60);
@@ -472,7 +505,7 @@ mod tests {
     #[test]
     fn after_the_window_a_new_event_is_created() {
         let t0 = Instant::now();
-        let mut recent = Recent::new(t0);
+        let mut recent = Recent::default();
         recent.observe(key("R"), "a.1", t0);
         recent.written(&key("R"), "a.1", Some("1".into()));
         assert_eq!(
@@ -498,7 +531,7 @@ mod tests {
     #[test]
     fn a_series_patch_is_conditional_on_the_last_write() {
         let t0 = Instant::now();
-        let mut recent = Recent::new(t0);
+        let mut recent = Recent::default();
         recent.observe(key("R"), "a.1", t0);
         // The create's answer has not come (or was lost): no patch without a condition.
         assert_eq!(recent.observe(key("R"), "a.2", t0), Decision::Create);
@@ -514,32 +547,79 @@ mod tests {
         assert_eq!(recent.observe(key("R"), "a.4", t0), Decision::Create);
     }
 
+    /// `n` keys observed at `at`, each written (so a repeat could join its series).
+    fn observed_and_written(recent: &mut Recent, n: usize, at: Instant) -> Vec<Key> {
+        (0..n)
+            .map(|i| {
+                let mut k = key("R");
+                k.object.1 = format!("o{i}");
+                recent.observe(k.clone(), "x", at);
+                recent.written(&k, "x", Some(i.to_string()));
+                k
+            })
+            .collect()
+    }
+
     #[test]
-    fn expired_entries_are_swept_at_most_once_per_sweep_interval() {
+    fn an_observation_forgets_a_bounded_number_of_expired_entries() {
         let t0 = Instant::now();
-        let secs = Duration::from_secs;
-        let mut recent = Recent::new(t0);
-        for i in 0..100 {
+        let mut recent = Recent::default();
+        observed_and_written(&mut recent, 100, t0);
+        // All 100 have expired, but one observation forgets only EXPIRE_PER_OBSERVE of them
+        // (a pass over the whole memory held a runtime thread for 85 ms at 100,000).
+        let later = t0 + SERIES_WINDOW;
+        recent.observe(key("fresh"), "f", later);
+        assert_eq!(recent.len(), 100 - EXPIRE_PER_OBSERVE + 1);
+        // Each observation adds one entry and forgets up to two: the backlog drains.
+        for _ in 0..100 {
+            recent.observe(key("fresh"), "f", later);
+        }
+        assert_eq!(recent.len(), 1);
+        // What is left in the queue is one entry per observation within the window.
+        assert_eq!(recent.expiry.len(), 101);
+    }
+
+    #[test]
+    fn a_steady_stream_keeps_only_a_window_of_entries() {
+        let t0 = Instant::now();
+        let step = SERIES_WINDOW / 100;
+        let mut recent = Recent::default();
+        for i in 0..400u32 {
             let mut k = key("R");
             k.object.1 = format!("o{i}");
-            recent.observe(k, "x", t0);
+            recent.observe(k, "x", t0 + step * i);
+            assert!(recent.len() <= 101, "{} remembered at {i}", recent.len());
+            assert!(recent.expiry.len() <= 101);
         }
-        // One sweep, once due, clears every expired entry.
-        recent.observe(key("fresh"), "f", t0 + SERIES_WINDOW + SWEEP_EVERY);
-        assert_eq!(recent.len(), 1);
+    }
 
-        let mut recent = Recent::new(t0);
-        recent.observe(key("R"), "r", t0);
-        // A sweep runs here (due since t0 + SWEEP_EVERY); R is still fresh.
-        recent.observe(key("X"), "x", t0 + SERIES_WINDOW - secs(1));
-        // R has expired, but the next sweep is not due yet: it is still remembered...
-        recent.observe(key("Y"), "y", t0 + SERIES_WINDOW + secs(1));
-        assert_eq!(recent.len(), 3);
-        // ...and never joined: an expired entry starts a new Event, swept or not.
+    #[test]
+    fn an_expired_entry_never_joins_and_a_refreshed_one_stays() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        let mut recent = Recent::default();
+        let keys = observed_and_written(&mut recent, 5, t0);
+        // The first two are forgotten here, the next two by the observation of the last...
+        recent.observe(key("X"), "x", t0 + SERIES_WINDOW);
+        assert_eq!(recent.len(), 4);
+        // ...which is still remembered when observed, expired: it starts a new Event.
         assert_eq!(
-            recent.observe(key("R"), "r2", t0 + SERIES_WINDOW + secs(2)),
+            recent.observe(keys[4].clone(), "new", t0 + SERIES_WINDOW),
             Decision::Create
         );
+        assert_eq!(recent.len(), 2);
+
+        // A key observed again within the window outlives the expiry of its first entry.
+        let mut recent = Recent::default();
+        recent.observe(key("R"), "r", t0);
+        recent.observe(key("R"), "r2", t0 + SERIES_WINDOW - secs(1));
+        recent.written(&key("R"), "r2", Some("9".into()));
+        recent.observe(key("Y"), "y", t0 + SERIES_WINDOW + secs(1));
+        assert_eq!(recent.len(), 2);
+        assert!(matches!(
+            recent.observe(key("R"), "r3", t0 + SERIES_WINDOW + secs(2)),
+            Decision::Series { count: 2, .. }
+        ));
     }
 
     /// An API server that answers every Event create once `release` grants a permit, and
@@ -689,7 +769,7 @@ mod tests {
     #[test]
     fn a_forgotten_key_creates_again() {
         let t0 = Instant::now();
-        let mut recent = Recent::new(t0);
+        let mut recent = Recent::default();
         recent.observe(key("R"), "a.1", t0);
         recent.forget(&key("R"));
         assert_eq!(recent.len(), 0);
