@@ -157,23 +157,16 @@ impl Caches {
         let _ = rx.wait_for(|s| *s).await;
     }
 
-    /// Every MyResource key in the cache.
-    pub fn myresource_keys(&self) -> Vec<ObjectKey> {
-        self.myresources
-            .state()
-            .iter()
-            .map(|o| ObjectKey::of(o))
-            .collect()
+    /// Every cached MyResource (shared, not copied: a takeover turns them into keys as it
+    /// queues them, so its first reconcile does not wait for 100,000 keys to be built).
+    pub fn cached_myresources(&self) -> Vec<Arc<MyResource>> {
+        self.myresources.state()
     }
 
-    /// Every MyResource key cached for shard `index`.
-    pub fn shard_keys(&self, index: usize) -> Vec<ObjectKey> {
+    /// Every MyResource cached for shard `index`.
+    pub fn shard_myresources(&self, index: usize) -> Vec<Arc<MyResource>> {
         let in_shard = |scope: &Scope| scope.shard.is_some_and(|s| s.index == index);
-        self.myresources
-            .state_of(in_shard)
-            .iter()
-            .map(|o| ObjectKey::of(o))
-            .collect()
+        self.myresources.state_of(in_shard)
     }
 
     /// Objects cached, by kind.

@@ -165,12 +165,12 @@ impl Controller {
         for shard in &shards {
             self.leading[shard.index].store(true, Ordering::SeqCst);
         }
-        let keys = match only {
-            None => ctx.caches.myresource_keys(),
-            Some(index) => ctx.caches.shard_keys(index),
+        let cached = match only {
+            None => ctx.caches.cached_myresources(),
+            Some(index) => ctx.caches.shard_myresources(index),
         };
         info!(
-            keys = keys.len(),
+            keys = cached.len(),
             shard = only,
             "leading: enqueuing every cached MyResource"
         );
@@ -191,7 +191,7 @@ impl Controller {
             }
         };
         let enqueuing = async {
-            let mut keys = keys.into_iter();
+            let mut keys = cached.iter().map(|o| ObjectKey::of(o));
             queue(&mut keys.by_ref().take(FIRST_CHUNK));
             // One turn for the workers on what is queued (join3 polls them next).
             tokio::task::yield_now().await;
