@@ -131,11 +131,12 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
     let about_example = |e: &Event| {
         e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == mr.metadata.uid.as_deref()
     };
-    let list = events.list(&ListParams::default()).await?;
-    ensure!(
-        list.items.iter().any(about_example),
-        "an Event about {EXAMPLE}"
-    );
+    // Events go out after the status write, off the reconcile's path: poll for it.
+    poll(&format!("an Event about {EXAMPLE}"), READY_WITHIN, || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok(list.items.iter().any(about_example).then_some(()))
+    })
+    .await?;
 
     // 3. The chart's RBAC is all the operator has: its requests carry the ServiceAccount's
     //    token, none was refused, and no binding but the chart's names the account.
