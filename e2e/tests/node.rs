@@ -132,10 +132,14 @@ async fn the_chart_runs_as_users_run_it() -> Result<()> {
         e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == mr.metadata.uid.as_deref()
     };
     // Events go out after the status write, off the reconcile's path: poll for it.
-    poll(&format!("an Event about {EXAMPLE}"), READY_WITHIN, || async {
-        let list = events.list(&ListParams::default()).await?;
-        Ok(list.items.iter().any(about_example).then_some(()))
-    })
+    poll(
+        &format!("an Event about {EXAMPLE}"),
+        READY_WITHIN,
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list.items.iter().any(about_example).then_some(()))
+        },
+    )
     .await?;
 
     // 3. The chart's RBAC is all the operator has: its requests carry the ServiceAccount's
