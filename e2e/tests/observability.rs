@@ -45,25 +45,22 @@ async fn wait_ready_status(env: &TestEnv, name: &str) -> Result<()> {
 /// Whether `trace` holds an API server span whose parent is one of the operator's request
 /// spans (the API server continued the `traceparent` the operator sent).
 fn api_server_span_under_an_operator_request(trace: &Value) -> bool {
-    let spans = trace["spans"].as_array().into_iter().flatten();
+    let spans = trace["spans"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
     let service = |s: &Value| {
         let process = s["processID"].as_str().unwrap_or_default();
-        trace["processes"][process]["serviceName"]
-            .as_str()
-            .map(String::from)
+        trace["processes"][process]["serviceName"].as_str()
     };
     let parent = |s: &Value| {
         let id = s["references"][0]["spanID"].as_str()?;
-        trace["spans"]
-            .as_array()?
-            .iter()
-            .find(|p| p["spanID"] == id)
+        spans.iter().find(|p| p["spanID"] == id)
     };
-    spans.clone().any(|s| {
-        service(s).as_deref() == Some("apiserver")
+    spans.iter().any(|s| {
+        service(s) == Some("apiserver")
             && parent(s).is_some_and(|p| {
-                service(p).as_deref() == Some("myresource-operator")
-                    && tag(p, "http.request.method").is_some()
+                service(p) == Some("myresource-operator") && tag(p, "http.request.method").is_some()
             })
     })
 }

@@ -130,7 +130,7 @@ impl Recent {
     /// is to be created.
     pub fn observe(&mut self, key: Key, fresh_name: &str, now: Instant) -> Decision {
         self.expire(now);
-        let fresh = Seen {
+        let fresh = || Seen {
             name: fresh_name.to_string(),
             count: 1,
             last: now,
@@ -155,7 +155,7 @@ impl Recent {
                         }
                     }
                     _ => {
-                        *s = fresh;
+                        *s = fresh();
                         Decision::Create
                     }
                 };
@@ -163,7 +163,7 @@ impl Recent {
             }
             Entry::Vacant(entry) => {
                 let key = entry.key().clone();
-                entry.insert(fresh);
+                entry.insert(fresh());
                 (key, Decision::Create)
             }
         };
@@ -173,21 +173,16 @@ impl Recent {
 
     /// Forgets up to [`EXPIRE_PER_OBSERVE`] keys whose last occurrence is a window old.
     fn expire(&mut self, now: Instant) {
+        let expired = |last: Instant| now.saturating_duration_since(last) >= SERIES_WINDOW;
         for _ in 0..EXPIRE_PER_OBSERVE {
-            match self.expiry.front() {
-                Some((at, _)) if now.saturating_duration_since(*at) >= SERIES_WINDOW => {}
-                _ => return,
-            }
-            let Some((_, key)) = self.expiry.pop_front() else {
+            let Some((_, key)) = self.expiry.pop_front_if(|(at, _)| expired(*at)) else {
                 return;
             };
-            // Seen again since (a later entry stands for it), or forgotten and seen anew.
-            if self
-                .seen
-                .get(&key)
-                .is_some_and(|s| now.saturating_duration_since(s.last) >= SERIES_WINDOW)
+            // Unless seen again since (a later entry stands for it), or forgotten and seen anew.
+            if let Entry::Occupied(entry) = self.seen.entry(key)
+                && expired(entry.get().last)
             {
-                self.seen.remove(&key);
+                entry.remove();
             }
         }
     }
