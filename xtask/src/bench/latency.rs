@@ -18,6 +18,7 @@ use myresource_operator::resource::MyResource;
 use serde_json::{Value, json};
 
 use super::Bench;
+use super::cpu::CpuSplit;
 use super::objects::mr;
 use super::schedstat::{Sampler, Samples};
 
@@ -25,14 +26,20 @@ use super::schedstat::{Sampler, Samples};
 const STALL_MS: f64 = 5.0;
 
 impl Bench {
-    pub(super) fn record_latency(&mut self, n: usize, idle: &Latency, under_load: &Latency) {
+    /// `idle` with the CPU each process used over its section.
+    pub(super) fn record_latency(
+        &mut self,
+        n: usize,
+        (idle, idle_cpu): (&Latency, &CpuSplit),
+        under_load: &Latency,
+    ) {
         let (e2e_idle, op_idle) = (idle.end_to_end, idle.in_operator);
         let (e2e_load, op_load) = (under_load.end_to_end, under_load.in_operator);
         self.report.record(
             "event_to_reconcile_ms",
             json!({
                 "p50": e2e_idle.0, "p99": e2e_idle.1,
-                "idle": {"create_to_start": {"p50": e2e_idle.0, "p99": e2e_idle.1}, "watch_event_to_start": {"p50": op_idle.0, "p99": op_idle.1}, "samples": idle.samples, "leader_threads": idle.threads},
+                "idle": {"create_to_start": {"p50": e2e_idle.0, "p99": e2e_idle.1}, "watch_event_to_start": {"p50": op_idle.0, "p99": op_idle.1}, "samples": idle.samples, "leader_threads": idle.threads, "cpu": idle_cpu.json()},
                 "under_load": {"create_to_start": {"p50": e2e_load.0, "p99": e2e_load.1}, "watch_event_to_start": {"p50": op_load.0, "p99": op_load.1}, "samples": under_load.samples},
             }),
             format!(
@@ -40,6 +47,10 @@ impl Bench {
                 idle.samples, e2e_idle.0, e2e_idle.1, op_idle.0, op_idle.1, under_load.samples, e2e_load.0, e2e_load.1
             ),
         );
+        self.report.line(format!(
+            "- CPU per process over the idle section (cores busy on average): {idle_cpu}; the leader's threads ran {} ms and waited {} ms for a CPU",
+            idle.threads["section"]["ran_ms"], idle.threads["section"]["waited_for_cpu_ms"],
+        ));
         if let Some(worst) = idle.threads.get("worst_stall") {
             self.report.line(format!(
                 "idle stalls (enqueued → start over {STALL_MS} ms): {}; the worst, {} ms: the leader's threads ran {} ms and waited {} ms for a CPU (over the idle section: ran {} ms, waited {} ms)",

@@ -79,7 +79,17 @@ impl Bench {
         let under_load = latencies(&leader, &cold.probe_starts);
 
         let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), &ns);
+        // Who used the machine meanwhile: a slow sample the operator's threads spent waiting
+        // for a CPU is told from one they spent working.
+        let operator_pid = [("operator", leader.process.pid)];
+        let cpu_before = self.cpu(&operator_pid);
+        let started = Instant::now();
         let idle = idle_latency(&leader, &mrs, latency_objects).await?;
+        let idle_cpu = CpuSplit::between(
+            &cpu_before,
+            &self.cpu(&operator_pid),
+            started.elapsed().as_secs_f64(),
+        );
 
         let cached = n + latency_objects + cold.probe_starts.len();
         let graceful = self
@@ -89,7 +99,7 @@ impl Bench {
         self.report.insert("objects", json!(n));
         self.record_ceiling(n, concurrency, &ceiling);
         self.record_cold_start(n, &ceiling, &ceiling_requests, &cold, &writes);
-        self.record_latency(n, &idle, &under_load);
+        self.record_latency(n, (&idle, &idle_cpu), &under_load);
         self.record_takeover(n, &graceful);
         let mut killed = self
             .takeover(

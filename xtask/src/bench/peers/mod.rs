@@ -48,8 +48,13 @@ const PASSES: usize = 2;
 const IDLE_GAP: Duration = Duration::from_millis(50);
 /// How long a follower runs before its memory is read (its caches filled, if it fills any).
 const SETTLE: Duration = Duration::from_secs(8);
-/// How long after a takeover the new leader's requests are counted.
+/// How long after a takeover the new leader's requests are counted, at least (until the
+/// probe was handled, if later: a peer that relists pages through N objects first).
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(15);
+/// How long a replica may take to handle a probe: with nothing in between, or ([`PER_OBJECT`]
+/// more for each) behind a takeover that may list and reconcile every object first.
+const PROBE_WAIT: Duration = Duration::from_secs(60);
+const PER_OBJECT: Duration = Duration::from_millis(10);
 
 /// A `--peer` argument: one of the peers' keys.
 pub(super) fn parse_key(key: &str) -> Result<&'static str, String> {
@@ -212,7 +217,9 @@ impl Bench {
             "leader_bytes_per_object": per_object(rss.0, base.0),
             "follower_bytes_per_object": per_object(rss.1, base.1),
         });
-        let takeover = self.takeover_of(audit, leader, &mut follower, &ns).await?;
+        let takeover = self
+            .takeover_of(audit, (leader, &mut follower), &ns, cached)
+            .await?;
         follower.stop();
 
         let failover = self
@@ -234,20 +241,22 @@ impl Bench {
     async fn takeover_of(
         &mut self,
         audit: &mut Audit,
-        mut leader: Replica,
-        follower: &mut Replica,
+        (mut leader, follower): (Replica, &mut Replica),
         ns: &str,
+        cached: usize,
     ) -> Result<Value> {
         let signal = Timestamp::now();
         leader.stop();
         let probe = "takeover-probe";
         let mrs: Api<MyResource> = Api::namespaced(self.client.clone(), ns);
         mrs.create(&PostParams::default(), &mr(probe, 0)).await?;
-        let handled = wait_configmap(audit, ns, probe, &leader.identity, follower).await?;
+        let within = PROBE_WAIT + PER_OBJECT * cached as u32;
+        let handled =
+            wait_configmap(audit, (ns, probe), &leader.identity, follower, within).await?;
         let acquired = audit
             .term_after(ns, signal)
             .context("the follower never acquired the Lease")?;
-        let window_end = acquired + TAKEOVER_WINDOW;
+        let window_end = (acquired + TAKEOVER_WINDOW).max(handled);
         let wait = window_end.duration_since(Timestamp::now()).as_secs_f64();
         if wait > 0.0 {
             tokio::time::sleep(Duration::from_secs_f64(wait)).await;
@@ -279,7 +288,7 @@ impl Bench {
             "writes_after_acquiring": writes,
             "lists_before_acquiring": lists_before,
             "requests_after_acquiring": breakdown(after.iter().copied()),
-            "window_seconds": TAKEOVER_WINDOW.as_secs(),
+            "window_seconds": window_end.duration_since(acquired).as_secs_f64(),
         }))
     }
 
@@ -319,7 +328,8 @@ impl Bench {
                 let probe = format!("{kind}-{run}");
                 mrs.create(&PostParams::default(), &mr(&probe, run)).await?;
                 let others = replicas.iter_mut().filter(|r| r.identity != holder);
-                let handled = wait_configmap_any(audit, &ns, &probe, &holder, others).await?;
+                let handled =
+                    wait_configmap_any(audit, (&ns, &probe), &holder, others, PROBE_WAIT).await?;
                 samples.push(seconds(signal, handled));
                 replicas[i] =
                     self.start_peer(peer, binaries, &ns, &format!("{key}-{kind}-{run}"))?;
@@ -461,27 +471,28 @@ async fn wait_leading(replicas: &mut [Replica]) -> Result<usize> {
     anyhow::bail!("no replica led within 60 s")
 }
 
-/// Waits (60 s at most) until a replica other than `except` has created the ConfigMap
-/// `name`; fails early when `replica` has exited.
+/// Waits (`within` at most) until a replica other than `except` has created the ConfigMap
+/// `ns/name`; fails early when `replica` has exited.
 async fn wait_configmap(
     audit: &mut Audit,
-    ns: &str,
-    name: &str,
+    object: (&str, &str),
     except: &str,
     replica: &mut Replica,
+    within: Duration,
 ) -> Result<Timestamp> {
-    wait_configmap_any(audit, ns, name, except, std::iter::once(replica)).await
+    wait_configmap_any(audit, object, except, std::iter::once(replica), within).await
 }
 
 async fn wait_configmap_any<'a>(
     audit: &mut Audit,
-    ns: &str,
-    name: &str,
+    (ns, name): (&str, &str),
     except: &str,
     replicas: impl Iterator<Item = &'a mut Replica>,
+    within: Duration,
 ) -> Result<Timestamp> {
     let mut replicas: Vec<&mut Replica> = replicas.collect();
-    for _ in 0..300 {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
         audit.refresh()?;
         if let Some(at) = audit.configmap_created(ns, name, except) {
             return Ok(at);
@@ -491,7 +502,10 @@ async fn wait_configmap_any<'a>(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    anyhow::bail!("no replica created the ConfigMap {ns}/{name} within 60 s")
+    anyhow::bail!(
+        "no replica created the ConfigMap {ns}/{name} within {} s",
+        within.as_secs()
+    )
 }
 
 /// Watches the MyResources in `mrs` until `n` of them are Ready for their generation
