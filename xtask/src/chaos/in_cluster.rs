@@ -383,7 +383,14 @@ impl InCluster {
             Ok((new >= 1 && old >= 1).then_some((old, new)))
         })
         .await?;
-        let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
+        // The rollout goes on meanwhile: the Lease may still name an old replica whose
+        // process has just exited (scaled down, it released). Strike a holder that runs.
+        let (leader, pid) = e2e::wait::poll("a leader whose process runs", LIMIT, || async {
+            let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
+            let pid = e2e::node::pod_process(&leader, "/myresource-operator").ok();
+            Ok(pid.map(|pid| (leader, pid)))
+        })
+        .await?;
         let pod = self.pods.get(&leader).await?;
         let leader_image = pod
             .spec
@@ -391,7 +398,6 @@ impl InCluster {
             .and_then(|s| s.containers.first())
             .and_then(|c| c.image.clone())
             .unwrap_or_default();
-        let pid = e2e::node::pod_process(&leader, "/myresource-operator")?;
         details["struck_at"] = Timestamp::now().to_string().into();
         e2e::node::sigkill(pid)?;
         *self
