@@ -242,6 +242,22 @@ pub fn pod_process(pod: &str, program: &str) -> Result<u32> {
     }
 }
 
+/// The Pod the Lease in `namespace` names and the host pid of its `/myresource-operator`,
+/// polled for up to `within`: a holder whose process has just exited (scaled down in a
+/// rollout, it released; or crashed, not yet replaced) is not struck, the next one is.
+pub async fn leader_process(
+    client: &kube::Client,
+    namespace: &str,
+    within: Duration,
+) -> Result<(String, u32)> {
+    crate::wait::poll("a Lease holder whose process runs", within, || async {
+        let leader = crate::lease::wait_for_holder(client, namespace, None, within).await?;
+        let pid = pod_process(&leader, "/myresource-operator").ok();
+        Ok(pid.map(|pid| (leader, pid)))
+    })
+    .await
+}
+
 /// SIGKILLs the host process `pid` (one [`pod_process`] found), as a user on the node would.
 pub fn sigkill(pid: u32) -> Result<()> {
     // SAFETY: kill has no memory preconditions.

@@ -150,7 +150,7 @@ fn line_ms(what: &str, samples: &[f64]) -> String {
 /// the new term went to the faulted Pod itself (its restarted container).
 async fn once(client: &Client, fault: Fault, run: usize) -> Result<(f64, bool)> {
     e2e::chart::ready_pods(client, NAMESPACE, RELEASE, 3, LIMIT).await?;
-    let leader = wait_for_holder(client, NAMESPACE, None, LIMIT).await?;
+    let (leader, pid) = e2e::node::leader_process(client, NAMESPACE, LIMIT).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let term = e2e::lease::acquire_time(client, NAMESPACE)
         .await?
@@ -159,7 +159,7 @@ async fn once(client: &Client, fault: Fault, run: usize) -> Result<(f64, bool)> 
     let at = Instant::now();
     match fault {
         Fault::Kill => {
-            e2e::node::sigkill(e2e::node::pod_process(&leader, "/myresource-operator")?)?;
+            e2e::node::sigkill(pid)?;
         }
         Fault::Delete => {
             pods.delete(&leader, &DeleteParams::default()).await?;

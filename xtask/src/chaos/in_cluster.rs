@@ -205,13 +205,13 @@ impl InCluster {
         e2e::chart::ready_pods(&self.client, NAMESPACE, RELEASE, 3, LIMIT).await?;
         workload.resume();
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
+        let (leader, pid) = e2e::node::leader_process(&self.client, NAMESPACE, LIMIT).await?;
         eprintln!("round {:>2}: {} (leader {leader})", round + 1, fault.kind());
         let term = lease::acquire_time(&self.client, NAMESPACE)
             .await?
             .context("a Lease with an acquireTime")?;
         let mut at = Timestamp::now();
-        let details = self.inject(cluster, fault, round, &leader).await?;
+        let details = self.inject(cluster, fault, round, (&leader, pid)).await?;
         // A fault that struck later than it began says when.
         if let Some(struck) = details["struck_at"].as_str() {
             at = struck.parse()?;
@@ -248,14 +248,14 @@ impl InCluster {
         Ok(round.record(single, lost))
     }
 
-    /// Strikes the leader Pod `leader` (or the cluster) with `fault`; returns what it did,
-    /// for the report (a rollout's handovers are added at the end).
+    /// Strikes the leader Pod `leader` (host pid `pid`; or the cluster) with `fault`; returns
+    /// what it did, for the report (a rollout's handovers are added at the end).
     async fn inject(
         &mut self,
         cluster: &mut Cluster,
         fault: Fault,
         round: usize,
-        leader: &str,
+        (leader, pid): (&str, u32),
     ) -> Result<Value> {
         let mut details = json!({});
         match fault {
@@ -264,12 +264,10 @@ impl InCluster {
             }
             Fault::ContainerKill => {
                 let uid = self.pods.get(leader).await?.uid().unwrap_or_default();
-                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
                 e2e::node::sigkill(pid)?;
                 *self.expected_restarts.entry(uid).or_default() += 1;
             }
             Fault::PodFreeze => {
-                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
                 let freezer = Freezer::of(pid)?;
                 freezer.set(true)?;
                 tokio::time::sleep(PAST_THE_LEASE).await;
@@ -277,7 +275,6 @@ impl InCluster {
                 details["frozen_seconds"] = PAST_THE_LEASE.as_secs_f64().into();
             }
             Fault::PodNetworkCut => {
-                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
                 let cut = NetworkCut::apply(pid)?;
                 tokio::time::sleep(PAST_THE_LEASE).await;
                 cut.heal()?;
@@ -285,7 +282,6 @@ impl InCluster {
             }
             Fault::SlowNetworkContainerKill => {
                 let uid = self.pods.get(leader).await?.uid().unwrap_or_default();
-                let pid = e2e::node::pod_process(leader, "/myresource-operator")?;
                 // The Pod's network namespace outlives the container: the restarted one
                 // would inherit the throttle, so it is lifted after the kill.
                 let slow = SlowEgress::apply(pid)?;
@@ -385,12 +381,7 @@ impl InCluster {
         .await?;
         // The rollout goes on meanwhile: the Lease may still name an old replica whose
         // process has just exited (scaled down, it released). Strike a holder that runs.
-        let (leader, pid) = e2e::wait::poll("a leader whose process runs", LIMIT, || async {
-            let leader = lease::wait_for_holder(&self.client, NAMESPACE, None, LIMIT).await?;
-            let pid = e2e::node::pod_process(&leader, "/myresource-operator").ok();
-            Ok(pid.map(|pid| (leader, pid)))
-        })
-        .await?;
+        let (leader, pid) = e2e::node::leader_process(&self.client, NAMESPACE, LIMIT).await?;
         let pod = self.pods.get(&leader).await?;
         let leader_image = pod
             .spec
