@@ -109,6 +109,15 @@ pub struct PodCounts {
     pub ready: i32,
 }
 
+impl MyResource {
+    /// Whether its status does not yet describe its latest spec (a new object, or a spec
+    /// changed since the last reconcile that wrote the status): the work a takeover looks at
+    /// first.
+    pub fn awaits_reconcile(&self) -> bool {
+        self.status.as_ref().and_then(|s| s.observed_generation) != self.metadata.generation
+    }
+}
+
 /// The CRD for MyResource.
 pub fn crd() -> CustomResourceDefinition {
     MyResource::crd()
@@ -175,5 +184,23 @@ mod tests {
         let bound = |b: &str| spec["properties"]["someValue"][b].as_f64();
         assert_eq!(bound("maximum"), Some(f64::from(i32::MAX)));
         assert_eq!(bound("minimum"), Some(f64::from(i32::MIN)));
+    }
+
+    #[test]
+    fn an_object_awaits_a_reconcile_until_its_status_observes_its_generation() {
+        let spec = MyResourceSpec {
+            message: "m".into(),
+            some_value: 1,
+        };
+        let mut mr = MyResource::new("a", spec);
+        mr.metadata.generation = Some(2);
+        assert!(mr.awaits_reconcile(), "new: no status");
+        mr.status = Some(MyResourceStatus {
+            observed_generation: Some(1),
+            ..MyResourceStatus::default()
+        });
+        assert!(mr.awaits_reconcile(), "the spec changed after the status");
+        mr.status.as_mut().unwrap().observed_generation = Some(2);
+        assert!(!mr.awaits_reconcile());
     }
 }

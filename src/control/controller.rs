@@ -9,6 +9,11 @@
 //!   turn on them, then the rest go in at once: the first reconcile does not wait for the
 //!   last of 100,000 keys to be queued, nor the last key for the workers to empty the queue
 //!   (as a turn after every chunk would);
+//! - a term's start queues every cached key in the queue's backlog lane, those whose status
+//!   lags their spec (new objects, changes the last term did not reach) first; the term's
+//!   watch events go in the changed lane, before the backlog: a change made during a
+//!   takeover or a cold start waits for a worker, not for 100,000 looks at other objects
+//!   (like controller-runtime's priority queue; the backlog waits while changes keep coming);
 //! - a term ends by cancelling the workers and clearing its queues; a reconcile in flight
 //!   may finish for [`FINISH_AFTER_CANCEL`] (the fence is closed by then, so it writes
 //!   nothing new, and the writes it sent get their answers, so the release need not wait
@@ -33,11 +38,12 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::cache::{Caches, Change, Sink, Trigger};
 use crate::control::partition::{Shard, Shards, shard_of};
-use crate::control::queue::Outcome;
+use crate::control::queue::{Lane, Outcome};
 use crate::control::reconcile::{Context, Error, reconcile};
 use crate::infra::metrics::{Metrics, QueueState, ReconcileResult};
 use crate::infra::telemetry::span_context;
 use crate::key::ObjectKey;
+use crate::resource::MyResource;
 use kube_leasehold::scaleout::shard_key::ShardKey;
 
 /// How long a reconcile in flight when its term ends may go on: enough for the answers to
@@ -91,7 +97,7 @@ impl Sink for Controller {
                 span: context,
             },
         );
-        self.enqueue(shard, key);
+        self.enqueue(shard, key, Lane::Changed);
     }
 }
 
@@ -140,8 +146,8 @@ impl Controller {
         }
     }
 
-    fn enqueue(&self, shard: usize, key: ObjectKey) {
-        if self.shards.add_to(shard, key) {
+    fn enqueue(&self, shard: usize, key: ObjectKey, lane: Lane) {
+        if self.shards.add_to(shard, key, lane) {
             self.metrics.queue_added();
         }
     }
@@ -183,22 +189,26 @@ impl Controller {
             enqueued: AtomicBool::new(false),
             drained_done: AtomicBool::new(false),
         };
-        let queue = |keys: &mut dyn Iterator<Item = ObjectKey>| {
-            for key in keys {
+        // The backlog: every cached key, those whose status lags their spec (new objects,
+        // changes the last term did not reach) first. The term's watch events go before it.
+        let (awaiting, done): (Vec<_>, Vec<_>) = cached.iter().partition(|o| o.awaits_reconcile());
+        let queue = |objects: &mut dyn Iterator<Item = &Arc<MyResource>>| {
+            for object in objects {
+                let key = ObjectKey::of(object);
                 if let Some(shard) = only.or_else(|| self.shard_of(&key)) {
-                    self.enqueue(shard, key);
+                    self.enqueue(shard, key, Lane::Backlog);
                 }
             }
         };
         let enqueuing = async {
-            let mut keys = cached.iter().map(|o| ObjectKey::of(o));
-            queue(&mut keys.by_ref().take(FIRST_CHUNK));
+            let mut objects = awaiting.into_iter().chain(done);
+            queue(&mut objects.by_ref().take(FIRST_CHUNK));
             // One turn for the workers on what is queued (join3 polls them next).
             tokio::task::yield_now().await;
             if cancel.is_cancelled() {
                 return;
             }
-            queue(&mut keys);
+            queue(&mut objects);
             takeover.enqueued(&shards, &self.metrics);
         };
         let running = shards.iter().flat_map(|shard| {

@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::control::queue::{Backoff, Outcome, Popped, Queue};
+use crate::control::queue::{Backoff, Lane, Outcome, Popped, Queue};
 use crate::infra::metrics::QueueState;
 use crate::key::ObjectKey;
 
@@ -42,8 +42,12 @@ impl Shard {
         self.queue.lock().expect("queue lock poisoned")
     }
 
-    fn add(&self, key: ObjectKey) -> bool {
-        let added = self.queue().add(key, Instant::now());
+    fn add(&self, key: ObjectKey, lane: Lane) -> bool {
+        let now = Instant::now();
+        let added = match lane {
+            Lane::Changed => self.queue().add(key, now),
+            Lane::Backlog => self.queue().add_backlog(key, now),
+        };
         if added {
             self.wake.notify_one();
         }
@@ -140,12 +144,13 @@ impl Shards {
     /// Queues `key` on its shard by name; false when it was already queued (or marked
     /// dirty).
     pub fn add(&self, key: ObjectKey) -> bool {
-        self.shard(&key).add(key)
+        self.shard(&key).add(key, Lane::Changed)
     }
 
-    /// Queues `key` on shard `index`; false when it was already queued (or marked dirty).
-    pub fn add_to(&self, index: usize, key: ObjectKey) -> bool {
-        self.shards[index].add(key)
+    /// Queues `key` in `lane` on shard `index`; false when it was already queued (or marked
+    /// dirty).
+    pub fn add_to(&self, index: usize, key: ObjectKey, lane: Lane) -> bool {
+        self.shards[index].add(key, lane)
     }
 
     /// Per shard: ready keys, seconds of unfinished work, longest running seconds.

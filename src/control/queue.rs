@@ -7,10 +7,15 @@
 //! - one worker per key: a key handed out by [`Queue::pop`] is not handed out again until
 //!   [`Queue::done`]; adds that arrive meanwhile mark it dirty, and `done` puts it back;
 //! - failures requeue after a capped exponential backoff per key, reset on success;
-//! - requeue-after: a key can be scheduled for later; an immediate add overrides the delay.
+//! - requeue-after: a key can be scheduled for later; an immediate add overrides the delay;
+//! - two lanes, like controller-runtime's priority queue: keys queued for a change (a watch
+//!   event, a retry, a requeue) are handed out before the backlog a term queues at its start
+//!   (every cached key, for one look each), so a change made during a takeover at 100,000
+//!   objects waits for the workers, not for the backlog; a backlog key that changes moves up.
 //!
-//! Invariant: every key is in at most one of {ready, delayed}, and `queued` holds exactly
-//! the keys in either; `processing` and `ready` are disjoint.
+//! Invariant: every key is in at most one of {ready, delayed}; `ready_since` holds exactly
+//! the ready keys, each with the one lane entry that is live (entries it left behind when it
+//! moved up or was handed out are skipped); `processing` and the ready keys are disjoint.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -52,11 +57,24 @@ impl Backoff {
     }
 }
 
+/// Which ready list a key waits in: every [`Lane::Changed`] key is handed out before any
+/// [`Lane::Backlog`] key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Queued for a change: a watch event, a retry, a requeue.
+    Changed,
+    /// Queued by a term's start for one look at every cached object.
+    Backlog,
+}
+
 /// A key's bookkeeping while it waits.
 #[derive(Debug, Clone, Copy)]
 struct Waiting {
     /// When it entered the ready list (for the queue-duration metric).
     since: Instant,
+    lane: Lane,
+    /// Its live entry in its lane's list.
+    entry: u64,
 }
 
 /// A handed-out key and how long it waited in the ready list.
@@ -72,7 +90,8 @@ pub struct Popped<K> {
 #[derive(Debug)]
 pub struct Queue<K> {
     backoff: Backoff,
-    ready: VecDeque<K>,
+    /// Per lane (indexed by `Lane as usize`), entries `(entry, key)` in arrival order.
+    ready: [VecDeque<(u64, K)>; 2],
     ready_since: HashMap<K, Waiting>,
     delayed: BTreeSet<(Instant, u64, K)>,
     delayed_at: HashMap<K, (Instant, u64)>,
@@ -86,7 +105,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn new(backoff: Backoff) -> Self {
         Queue {
             backoff,
-            ready: VecDeque::new(),
+            ready: [VecDeque::new(), VecDeque::new()],
             ready_since: HashMap::new(),
             delayed: BTreeSet::new(),
             delayed_at: HashMap::new(),
@@ -97,20 +116,43 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         }
     }
 
-    /// Makes `key` ready now (or, while it is being processed, as soon as it is done).
-    /// Returns whether the queue changed.
+    /// Makes `key` ready now in [`Lane::Changed`] (or, while it is being processed, as
+    /// soon as it is done); a key waiting in the backlog moves up. Returns whether the key
+    /// is newly waiting.
     pub fn add(&mut self, key: K, now: Instant) -> bool {
+        self.add_in(Lane::Changed, key, now)
+    }
+
+    /// Makes `key` ready now in [`Lane::Backlog`], unless it is waiting already (a key being
+    /// processed runs again when done, as after [`Queue::add`]). Returns whether the key is
+    /// newly waiting.
+    pub fn add_backlog(&mut self, key: K, now: Instant) -> bool {
+        self.add_in(Lane::Backlog, key, now)
+    }
+
+    fn add_in(&mut self, lane: Lane, key: K, now: Instant) -> bool {
         if self.processing.contains_key(&key) {
             return self.dirty.insert(key);
         }
-        if self.ready_since.contains_key(&key) {
+        if let Some(waiting) = self.ready_since.get_mut(&key) {
+            if lane == Lane::Changed && waiting.lane == Lane::Backlog {
+                self.seq += 1;
+                (waiting.lane, waiting.entry) = (lane, self.seq);
+                self.ready[lane as usize].push_back((self.seq, key));
+            }
             return false;
         }
         if let Some((at, seq)) = self.delayed_at.remove(&key) {
             self.delayed.remove(&(at, seq, key.clone()));
         }
-        self.ready_since.insert(key.clone(), Waiting { since: now });
-        self.ready.push_back(key);
+        self.seq += 1;
+        let waiting = Waiting {
+            since: now,
+            lane,
+            entry: self.seq,
+        };
+        self.ready_since.insert(key.clone(), waiting);
+        self.ready[lane as usize].push_back((self.seq, key));
         true
     }
 
@@ -133,20 +175,30 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.delayed_at.insert(key, (at, self.seq));
     }
 
-    /// Moves due delayed keys to the ready list and hands out the oldest ready key.
+    /// Moves due delayed keys to the ready list and hands out the oldest ready key of the
+    /// first lane that has one.
     pub fn pop(&mut self, now: Instant) -> Option<Popped<K>> {
         self.promote_due(now);
-        let key = self.ready.pop_front()?;
-        let waiting = self
-            .ready_since
-            .remove(&key)
-            .expect("ready keys have a since");
+        let (key, waiting) = self.pop_live()?;
         self.processing.insert(key.clone(), now);
         Some(Popped {
             retries: self.failures.get(&key).copied().unwrap_or(0),
             waited: now.saturating_duration_since(waiting.since),
             key,
         })
+    }
+
+    /// Takes the first live entry, lane by lane, dropping the entries keys left behind.
+    fn pop_live(&mut self) -> Option<(K, Waiting)> {
+        for lane in &mut self.ready {
+            while let Some((entry, key)) = lane.pop_front() {
+                if self.ready_since.get(&key).is_some_and(|w| w.entry == entry) {
+                    let waiting = self.ready_since.remove(&key).expect("checked above");
+                    return Some((key, waiting));
+                }
+            }
+        }
+        None
     }
 
     fn promote_due(&mut self, now: Instant) {
@@ -195,7 +247,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// Forgets every waiting key and every failure count (leadership lost). Keys being
     /// processed stay tracked until their `done`.
     pub fn clear(&mut self) {
-        self.ready.clear();
+        self.ready.iter_mut().for_each(VecDeque::clear);
         self.ready_since.clear();
         self.delayed.clear();
         self.delayed_at.clear();
@@ -210,7 +262,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 
     /// Keys ready to be handed out (the `workqueue_depth` metric).
     pub fn depth(&self) -> usize {
-        self.ready.len()
+        self.ready_since.len()
     }
 
     /// Keys being processed now.
@@ -252,6 +304,71 @@ mod tests {
         assert_eq!(q.pop(t).unwrap().key, "a");
         assert_eq!(q.pop(t).unwrap().key, "b");
         assert!(q.pop(t).is_none());
+    }
+
+    #[test]
+    fn changed_keys_go_before_the_backlog() {
+        let (mut q, t) = queue();
+        assert!(q.add_backlog("a", t));
+        assert!(q.add_backlog("b", t));
+        assert!(q.add("c", t));
+        assert_eq!(q.depth(), 3);
+        let order: Vec<_> = std::iter::from_fn(|| q.pop(t).map(|p| p.key)).collect();
+        assert_eq!(order, ["c", "a", "b"]);
+    }
+
+    #[test]
+    fn a_backlog_key_that_changes_moves_up_and_is_handed_out_once() {
+        let (mut q, t) = queue();
+        for key in ["a", "b", "c"] {
+            q.add_backlog(key, t);
+        }
+        // Not newly waiting: it moves up, the depth stays.
+        assert!(!q.add("b", t + Duration::from_millis(5)));
+        assert_eq!(q.depth(), 3);
+        let first = q.pop(t + Duration::from_millis(9)).unwrap();
+        assert_eq!(first.key, "b");
+        // It waited since it was first queued.
+        assert_eq!(first.waited, Duration::from_millis(9));
+        let order: Vec<_> = std::iter::from_fn(|| q.pop(t).map(|p| p.key)).collect();
+        assert_eq!(order, ["a", "c"]);
+        assert_eq!(q.depth(), 0);
+    }
+
+    #[test]
+    fn a_backlog_add_neither_demotes_nor_duplicates_a_waiting_key() {
+        let (mut q, t) = queue();
+        q.add("a", t);
+        assert!(!q.add_backlog("a", t));
+        q.add_backlog("b", t);
+        assert!(q.add("c", t));
+        let order: Vec<_> = std::iter::from_fn(|| q.pop(t).map(|p| p.key)).collect();
+        assert_eq!(order, ["a", "c", "b"]);
+    }
+
+    #[test]
+    fn an_entry_a_key_left_behind_never_hands_it_out_early() {
+        let (mut q, t) = queue();
+        q.add_backlog("a", t);
+        q.add_backlog("b", t);
+        q.add("a", t);
+        let a = q.pop(t).unwrap();
+        q.done(&a.key, Outcome::Success, t);
+        // Back in the backlog, behind "b": the entry "a" left at the front is not its own.
+        assert!(q.add_backlog("a", t));
+        let order: Vec<_> = std::iter::from_fn(|| q.pop(t).map(|p| p.key)).collect();
+        assert_eq!(order, ["b", "a"]);
+    }
+
+    #[test]
+    fn a_backlog_add_while_processing_runs_the_key_again_when_done() {
+        let (mut q, t) = queue();
+        q.add("a", t);
+        let a = q.pop(t).unwrap();
+        assert!(q.add_backlog("a", t));
+        assert!(q.pop(t).is_none());
+        q.done(&a.key, Outcome::Success, t);
+        assert_eq!(q.pop(t).unwrap().key, "a");
     }
 
     #[test]

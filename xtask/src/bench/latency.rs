@@ -43,7 +43,7 @@ impl Bench {
                 "under_load": {"create_to_start": {"p50": e2e_load.0, "p99": e2e_load.1}, "watch_event_to_start": {"p50": op_load.0, "p99": op_load.1}, "samples": under_load.samples},
             }),
             format!(
-                "event → reconcile start, idle ({} samples): from the create p50 {:.1} ms, p99 {:.1} ms; from the key's enqueueing (after decode, store update and echo filter) p50 {:.2} ms, p99 {:.2} ms. Under the cold-start load ({} samples, FIFO behind {n} keys): from the create p50 {:.0} ms, p99 {:.0} ms",
+                "event → reconcile start, idle ({} samples): from the create p50 {:.1} ms, p99 {:.1} ms; from the key's enqueueing (after decode, store update and echo filter) p50 {:.2} ms, p99 {:.2} ms. Under the cold-start load ({} samples, created as it runs: the changed lane, ahead of the backlog of {n} keys): from the create p50 {:.0} ms, p99 {:.0} ms",
                 idle.samples, e2e_idle.0, e2e_idle.1, op_idle.0, op_idle.1, under_load.samples, e2e_load.0, e2e_load.1
             ),
         );
