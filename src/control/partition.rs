@@ -54,8 +54,13 @@ impl Shard {
         added
     }
 
-    /// Waits for the next key; `None` when `cancel` fires first.
+    /// Waits for the next key; `None` when `cancel` fires first. Each key handed out costs
+    /// a unit of the task's cooperative budget: a worker whose reconciles need no request (a
+    /// takeover's look at objects that are done) would otherwise hand out key after key
+    /// without ever yielding, and the other workers of its task (a reconcile waiting for
+    /// its answer, a change queued ahead of the backlog) would wait for the whole backlog.
     pub async fn next(&self, cancel: &CancellationToken) -> Option<Popped<ObjectKey>> {
+        tokio::task::coop::consume_budget().await;
         loop {
             let due = {
                 let mut queue = self.queue();
@@ -211,6 +216,32 @@ mod tests {
         shard.done(&key, Outcome::Success);
         cancel.cancel();
         assert!(shard.next(&cancel).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_worker_with_keys_ready_lets_the_other_futures_of_its_task_run() {
+        const KEYS: usize = 10_000;
+        let shards = Shards::new(1, Backoff::default());
+        for i in 0..KEYS {
+            shards.add(ObjectKey::new("n", format!("k{i}")));
+        }
+        let (cancel, shard) = (CancellationToken::new(), shards.get(0));
+        let handed_out = std::cell::Cell::new(0);
+        let worker = async {
+            // Reconciles that need no request: nothing in the loop waits.
+            while handed_out.get() < KEYS {
+                let popped = shard.next(&cancel).await.expect("not cancelled");
+                shard.done(&popped.key, Outcome::Success);
+                handed_out.set(handed_out.get() + 1);
+            }
+        };
+        // A sibling in the same task, like a reconcile whose answer has come.
+        let sibling = async {
+            tokio::task::yield_now().await;
+            handed_out.get()
+        };
+        let ((), seen) = futures::future::join(worker, sibling).await;
+        assert!(seen < KEYS, "the sibling ran only after all {KEYS} keys");
     }
 
     #[tokio::test]
