@@ -54,13 +54,16 @@ impl Shard {
         added
     }
 
-    /// Waits for the next key; `None` when `cancel` fires first. Each key handed out costs
-    /// a unit of the task's cooperative budget: a worker whose reconciles need no request (a
-    /// takeover's look at objects that are done) would otherwise hand out key after key
-    /// without ever yielding, and the other workers of its task (a reconcile waiting for
-    /// its answer, a change queued ahead of the backlog) would wait for the whole backlog.
+    /// Waits for the next key; `None` when `cancel` fires first. Yields once before it
+    /// looks, so the workers of one task take turns, a key each: a worker whose reconciles
+    /// need no request (a takeover's look at objects that are done) would otherwise hand out
+    /// key after key in one poll, and the other workers of its task (a reconcile whose
+    /// answer has come, another shard's change queued ahead of its backlog) would wait for
+    /// its whole backlog. (Tokio's cooperative budget would not do: it stops whichever
+    /// worker of the task exhausts it, and the first worker polled takes it all again.) The
+    /// yield comes after a reconcile, never between a key's enqueueing and its reconcile.
     pub async fn next(&self, cancel: &CancellationToken) -> Option<Popped<ObjectKey>> {
-        tokio::task::coop::consume_budget().await;
+        tokio::task::yield_now().await;
         loop {
             let due = {
                 let mut queue = self.queue();
@@ -219,29 +222,40 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_worker_with_keys_ready_lets_the_other_futures_of_its_task_run() {
-        const KEYS: usize = 10_000;
-        let shards = Shards::new(1, Backoff::default());
-        for i in 0..KEYS {
-            shards.add(ObjectKey::new("n", format!("k{i}")));
+    async fn the_workers_of_one_task_take_turns() {
+        const KEYS: usize = 1_000;
+        let shards = Shards::new(2, Backoff::default());
+        for shard in 0..2 {
+            for i in 0..KEYS {
+                shards.add_to(shard, ObjectKey::new("n", format!("k{i}")), Lane::Backlog);
+            }
         }
-        let (cancel, shard) = (CancellationToken::new(), shards.get(0));
-        let handed_out = std::cell::Cell::new(0);
-        let worker = async {
-            // Reconciles that need no request: nothing in the loop waits.
-            while handed_out.get() < KEYS {
-                let popped = shard.next(&cancel).await.expect("not cancelled");
-                shard.done(&popped.key, Outcome::Success);
-                handed_out.set(handed_out.get() + 1);
+        let (cancel, order) = (
+            CancellationToken::new(),
+            std::cell::RefCell::new(Vec::new()),
+        );
+        // Reconciles that need no request: nothing in the loop waits.
+        let worker = |shard: &'static str, queue| {
+            let (cancel, order) = (&cancel, &order);
+            async move {
+                for _ in 0..KEYS {
+                    let popped = Shard::next(queue, cancel).await.expect("not cancelled");
+                    queue.done(&popped.key, Outcome::Success);
+                    order.borrow_mut().push(shard);
+                }
             }
         };
-        // A sibling in the same task, like a reconcile whose answer has come.
-        let sibling = async {
-            tokio::task::yield_now().await;
-            handed_out.get()
-        };
-        let ((), seen) = futures::future::join(worker, sibling).await;
-        assert!(seen < KEYS, "the sibling ran only after all {KEYS} keys");
+        futures::future::join(worker("a", shards.get(0)), worker("b", shards.get(1))).await;
+        let order = order.into_inner();
+        let first_b = order.iter().position(|s| *s == "b").expect("b ran");
+        assert!(
+            first_b <= 1,
+            "worker b's first key came after {first_b} of a's"
+        );
+        assert!(
+            order.windows(2).all(|w| w[0] != w[1]),
+            "not a key each in turn"
+        );
     }
 
     #[tokio::test]
