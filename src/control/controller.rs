@@ -6,11 +6,10 @@
 //! - a term starts by marking its shards led and then enqueuing every key of theirs in the
 //!   warm MyResource cache (no LIST, no waiting), so no change between the two is missed;
 //!   the first [`FIRST_CHUNK`] keys go in, then the rest [`CHUNK`] at a time, and between
-//!   chunks the workers (futures of the same task) get one turn, which the task's
-//!   cooperative budget bounds (128 keys, see [`Shard::next`]): the first reconcile does not
-//!   wait for the last of 100,000 keys to be queued, a change queued meanwhile waits for one
-//!   chunk, not for the whole enqueue, and the last key does not wait for the workers to
-//!   empty the queue;
+//!   chunks the workers (futures of the same task) get one turn, a key each (see
+//!   [`Shard::next`]): the first reconcile does not wait for the last of 100,000 keys to be
+//!   queued, a change queued meanwhile waits for one chunk, not for the whole enqueue, and
+//!   the last key does not wait for the workers to empty the queue;
 //! - a term's start queues every cached key in the queue's backlog lane, those whose status
 //!   lags their spec (new objects, changes the last term did not reach) first; the term's
 //!   watch events go in the changed lane, before the backlog: a change made during a
