@@ -1,11 +1,69 @@
 //! CPU per process over a phase of the benchmark: the control-plane components, the
 //! benchmark itself and the replicas measured.
 
+use std::time::{Duration, Instant};
+
 use serde_json::{Value, json};
 
 use super::Bench;
 
+/// A window counts as quiet when the control plane, this process and the replicas measured
+/// use fewer cores than this together over it.
+const QUIET_CORES: f64 = 0.3;
+/// The window [`Bench::settle`] measures.
+const QUIET_WINDOW: Duration = Duration::from_secs(1);
+/// How long [`Bench::settle`] waits for a quiet window before it gives up and says so.
+const QUIET_WITHIN: Duration = Duration::from_secs(180);
+
+/// How the machine settled before a section.
+pub(super) struct Settled {
+    waited_seconds: f64,
+    quiet: bool,
+    /// The last window measured.
+    last: CpuSplit,
+}
+
+impl Settled {
+    pub(super) fn json(&self) -> Value {
+        json!({"waited_seconds": self.waited_seconds, "quiet": self.quiet, "last_window": self.last.json()})
+    }
+}
+
+impl std::fmt::Display for Settled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let outcome = if self.quiet { "quiet" } else { "still busy" };
+        write!(
+            f,
+            "{outcome} after {:.1} s (under {QUIET_CORES} cores over {} s; the last window {})",
+            self.waited_seconds,
+            QUIET_WINDOW.as_secs(),
+            self.last
+        )
+    }
+}
+
 impl Bench {
+    /// Waits, up to [`QUIET_WITHIN`], for a [`QUIET_WINDOW`] in which the control plane, this
+    /// process and `extra` use under [`QUIET_CORES`] together: an idle measurement taken
+    /// while the API server is still busy with an earlier phase measures the machine.
+    pub(super) async fn settle(&mut self, extra: &[(&str, u32)]) -> Settled {
+        let started = Instant::now();
+        loop {
+            let before = self.cpu(extra);
+            tokio::time::sleep(QUIET_WINDOW).await;
+            let last = CpuSplit::between(&before, &self.cpu(extra), QUIET_WINDOW.as_secs_f64());
+            let quiet = last.total() < QUIET_CORES;
+            if quiet || started.elapsed() >= QUIET_WITHIN {
+                let waited_seconds = started.elapsed().as_secs_f64();
+                return Settled {
+                    waited_seconds,
+                    quiet,
+                    last,
+                };
+            }
+        }
+    }
+
     /// CPU seconds used so far by each control-plane component, this process and `extra`.
     pub(super) fn cpu(&mut self, extra: &[(&str, u32)]) -> Vec<(String, f64)> {
         let mut pids: Vec<(String, u32)> = ["etcd", "kube-apiserver", "kube-controller-manager"]
@@ -64,6 +122,11 @@ impl CpuSplit {
         }
     }
 
+    /// Cores busy on average, all processes together.
+    pub(super) fn total(&self) -> f64 {
+        self.cores.iter().map(|c| c.1).sum()
+    }
+
     /// CPU seconds `process` used over the phase.
     pub(super) fn seconds_of(&self, process: &str) -> f64 {
         self.cores
@@ -88,10 +151,6 @@ impl std::fmt::Display for CpuSplit {
         for (name, cores) in &self.cores {
             write!(f, " {name} {cores:.2}")?;
         }
-        write!(
-            f,
-            " (total {:.2})",
-            self.cores.iter().map(|c| c.1).sum::<f64>()
-        )
+        write!(f, " (total {:.2})", self.total())
     }
 }

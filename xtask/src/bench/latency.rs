@@ -18,7 +18,7 @@ use myresource_operator::resource::MyResource;
 use serde_json::{Value, json};
 
 use super::Bench;
-use super::cpu::CpuSplit;
+use super::cpu::{CpuSplit, Settled};
 use super::objects::mr;
 use super::schedstat::{Sampler, Samples};
 
@@ -30,7 +30,7 @@ impl Bench {
     pub(super) fn record_latency(
         &mut self,
         n: usize,
-        (idle, idle_cpu): (&Latency, &CpuSplit),
+        (idle, idle_cpu, settled): (&Latency, &CpuSplit, &Settled),
         under_load: &Latency,
     ) {
         let (e2e_idle, op_idle) = (idle.end_to_end, idle.in_operator);
@@ -39,7 +39,7 @@ impl Bench {
             "event_to_reconcile_ms",
             json!({
                 "p50": e2e_idle.0, "p99": e2e_idle.1,
-                "idle": {"create_to_start": {"p50": e2e_idle.0, "p99": e2e_idle.1}, "watch_event_to_start": {"p50": op_idle.0, "p99": op_idle.1}, "samples": idle.samples, "leader_threads": idle.threads, "cpu": idle_cpu.json()},
+                "idle": {"create_to_start": {"p50": e2e_idle.0, "p99": e2e_idle.1}, "watch_event_to_start": {"p50": op_idle.0, "p99": op_idle.1}, "samples": idle.samples, "leader_threads": idle.threads, "cpu": idle_cpu.json(), "settled": settled.json()},
                 "under_load": {"create_to_start": {"p50": e2e_load.0, "p99": e2e_load.1}, "watch_event_to_start": {"p50": op_load.0, "p99": op_load.1}, "samples": under_load.samples},
             }),
             format!(
@@ -48,7 +48,7 @@ impl Bench {
             ),
         );
         self.report.line(format!(
-            "- CPU per process over the idle section (cores busy on average): {idle_cpu}; the leader's threads ran {} ms and waited {} ms for a CPU",
+            "- CPU per process over the idle section (cores busy on average): {idle_cpu}; the leader's threads ran {} ms and waited {} ms for a CPU. Before it, the machine was {settled}",
             idle.threads["section"]["ran_ms"], idle.threads["section"]["waited_for_cpu_ms"],
         ));
         if let Some(worst) = idle.threads.get("worst_stall") {

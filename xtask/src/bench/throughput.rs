@@ -82,6 +82,7 @@ impl Bench {
         // Who used the machine meanwhile: a slow sample the operator's threads spent waiting
         // for a CPU is told from one they spent working.
         let operator_pid = [("operator", leader.process.pid)];
+        let settled = self.settle(&operator_pid).await;
         let cpu_before = self.cpu(&operator_pid);
         let started = Instant::now();
         let idle = idle_latency(&leader, &mrs, latency_objects).await?;
@@ -99,7 +100,7 @@ impl Bench {
         self.report.insert("objects", json!(n));
         self.record_ceiling(n, concurrency, &ceiling);
         self.record_cold_start(n, &ceiling, &ceiling_requests, &cold, &writes);
-        self.record_latency(n, (&idle, &idle_cpu), &under_load);
+        self.record_latency(n, (&idle, &idle_cpu, &settled), &under_load);
         self.record_takeover(n, &graceful);
         let mut killed = self
             .takeover(
