@@ -54,9 +54,8 @@ impl Bench {
             let last = CpuSplit::between(&before, &self.cpu(extra), QUIET_WINDOW.as_secs_f64());
             let quiet = last.total() < QUIET_CORES;
             if quiet || started.elapsed() >= QUIET_WITHIN {
-                let waited_seconds = started.elapsed().as_secs_f64();
                 return Settled {
-                    waited_seconds,
+                    waited_seconds: started.elapsed().as_secs_f64(),
                     quiet,
                     last,
                 };
