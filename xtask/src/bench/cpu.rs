@@ -48,10 +48,12 @@ impl Bench {
     /// while the API server is still busy with an earlier phase measures the machine.
     pub(super) async fn settle(&mut self, extra: &[(&str, u32)]) -> Settled {
         let started = Instant::now();
+        let mut before = self.cpu(extra);
         loop {
-            let before = self.cpu(extra);
             tokio::time::sleep(QUIET_WINDOW).await;
-            let last = CpuSplit::between(&before, &self.cpu(extra), QUIET_WINDOW.as_secs_f64());
+            let after = self.cpu(extra);
+            let last = CpuSplit::between(&before, &after, QUIET_WINDOW.as_secs_f64());
+            before = after;
             let quiet = last.total() < QUIET_CORES;
             if quiet || started.elapsed() >= QUIET_WITHIN {
                 return Settled {
